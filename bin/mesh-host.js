@@ -1,0 +1,2 @@
+#!/usr/bin/env node
+import "../dist/host/main.js";

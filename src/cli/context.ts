@@ -1,0 +1,38 @@
+/**
+ * What every control-plane command starts from: the compiled options and, when it needs them, the store and the
+ * signing key. Opening is lazy so `--help` and usage errors touch nothing on disk.
+ */
+import { join } from "node:path";
+import type { MeshOptions, MeshSettings } from "../config/options.js";
+import { compileMeshOptions } from "../config/options.js";
+import type { SigningIdentity } from "../keys/index.js";
+import { loadOrCreateSigningKey } from "../keys/index.js";
+import type { Store } from "../store/index.js";
+import { openStore } from "../store/index.js";
+
+/** The flags every `mesh` command shares. */
+export interface GlobalFlags {
+  data?: string;
+  store?: string;
+  outOfTouchAfter?: string;
+  json?: boolean;
+}
+
+export function optionsFrom(flags: GlobalFlags): MeshOptions {
+  const settings: MeshSettings = { store: flags.store, out_of_touch_after: flags.outOfTouchAfter };
+  return compileMeshOptions({ dataDir: flags.data, flags: settings, env: process.env });
+}
+
+/** Runs `work` with an open store and closes the store afterwards, whatever happens. */
+export async function withStore<T>(options: MeshOptions, work: (store: Store) => Promise<T>): Promise<T> {
+  const store = await openStore(options.storeUrl, { historyLimit: options.historyLimit });
+  try {
+    return await work(store);
+  } finally {
+    await store.close();
+  }
+}
+
+export function signingIdentity(options: MeshOptions): SigningIdentity {
+  return loadOrCreateSigningKey(join(options.dataDir, "keys"));
+}

@@ -1,0 +1,20 @@
+/** `mesh`: the control plane and the operator's commands. */
+import { Command } from "commander";
+import { registerNodeCommands } from "./node.js";
+import { runProgram } from "./run.js";
+import { registerTokenCommands } from "./token.js";
+import { meshVersion } from "./version.js";
+
+export function meshProgram(): Command {
+  const program = new Command("mesh")
+    .description("control plane for a fleet of machines")
+    .version(meshVersion(), "-V, --version")
+    .option("--data <dir>", "the control plane's data dir (default: $MESH_HOME or .mesh)")
+    .option("--store <url>", "sqlite:PATH or postgres://… (default: sqlite in the data dir)")
+    .option("--out-of-touch-after <duration>", "silence after which a node is out of touch (default 45s)");
+  registerTokenCommands(program);
+  registerNodeCommands(program);
+  return program;
+}
+
+process.exitCode = await runProgram(meshProgram(), process.argv.slice(2));

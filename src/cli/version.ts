@@ -1,0 +1,9 @@
+import { readFileSync } from "node:fs";
+
+/** The package version, read from package.json next to the build. */
+export function meshVersion(): string {
+  const manifest = JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as {
+    version: string;
+  };
+  return manifest.version;
+}

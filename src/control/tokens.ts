@@ -1,0 +1,126 @@
+/**
+ * Tokens: how an operator lets one named machine in, once. The secret is 256 random bits, shown once, stored only
+ * as a hash and compared in constant time. Every refusal reads the same (TokenRefused) so guessing learns nothing;
+ * the real reason goes to the audit trail only.
+ */
+import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
+import type { TokenRefusalReason } from "../errors.js";
+import { TokenRefused } from "../errors.js";
+import { assertNodeName, encodeToken } from "../link/index.js";
+import type { Store, TokenRecord } from "../store/index.js";
+import { tokenStatus } from "../store/index.js";
+
+export interface IssuedToken {
+  id: string;
+  node: string;
+  /** The whole copy-pasteable token string, secret included. Shown once. */
+  token: string;
+  expiresAt: string;
+}
+
+export interface IssueRequest {
+  node: string;
+  ttlMs: number;
+  /** The control plane's signing-key fingerprint, which the node pins. */
+  fingerprint: string;
+  now: Date;
+}
+
+export async function issueToken(store: Store, request: IssueRequest): Promise<IssuedToken> {
+  assertNodeName(request.node);
+  const id = `tok_${randomBytes(6).toString("hex")}`;
+  const secret = randomBytes(32).toString("base64url");
+  const expiresAt = new Date(request.now.getTime() + request.ttlMs).toISOString();
+  await store.tokens.issue({
+    id,
+    node: request.node,
+    secretHash: hashSecret(secret),
+    createdAt: request.now.toISOString(),
+    expiresAt,
+  });
+  await store.events.record({
+    at: request.now.toISOString(),
+    kind: "token.issued",
+    node: request.node,
+    epoch: null,
+    detail: { token: id, expires_at: expiresAt },
+  });
+  const token = encodeToken({
+    id,
+    node: request.node,
+    secret,
+    fingerprint: request.fingerprint,
+    broker: null,
+    expires_at: expiresAt,
+  });
+  return { id, node: request.node, token, expiresAt };
+}
+
+export interface PresentedToken {
+  id: string;
+  secret: string;
+  /** The node the token is presented for (the enrol subject's node). */
+  node: string;
+}
+
+/**
+ * Spends a token for its node, once. Throws TokenRefused for every kind of refusal. Under concurrent spends of
+ * one token exactly one caller succeeds: the final step is a compare-and-set in the store.
+ */
+export async function spendToken(store: Store, presented: PresentedToken, now: Date): Promise<TokenRecord> {
+  const token = await store.tokens.find(presented.id);
+  const refuse = async (reason: TokenRefusalReason): Promise<never> => {
+    await store.events.record({
+      at: now.toISOString(),
+      kind: "token.refused",
+      node: token?.node ?? null,
+      epoch: null,
+      detail: { token: presented.id, reason, presented_for: presented.node },
+    });
+    throw new TokenRefused(reason);
+  };
+  // The comparison runs even for an unknown id, so its timing says nothing about which ids exist.
+  const matches = secretMatches(token?.secretHash ?? hashSecret(""), presented.secret);
+  if (token === undefined || !matches) return refuse("unknown");
+  const status = tokenStatus(token, now);
+  if (status !== "valid") return refuse(status);
+  if (token.node !== presented.node) return refuse("wrong_node");
+  if (!(await store.tokens.spend(token.id, now))) {
+    const after = await store.tokens.find(token.id);
+    const lost = after === undefined ? "unknown" : tokenStatus(after, now);
+    return refuse(lost === "valid" ? "spent" : lost);
+  }
+  await store.events.record({
+    at: now.toISOString(),
+    kind: "token.spent",
+    node: token.node,
+    epoch: null,
+    detail: { token: token.id },
+  });
+  return { ...token, spentAt: now.toISOString() };
+}
+
+export type RevokeOutcome = "revoked" | "unknown" | "already_ended";
+
+export async function revokeToken(store: Store, id: string, now: Date): Promise<RevokeOutcome> {
+  const token = await store.tokens.find(id);
+  if (token === undefined) return "unknown";
+  if (!(await store.tokens.revoke(id, now))) return "already_ended";
+  await store.events.record({
+    at: now.toISOString(),
+    kind: "token.revoked",
+    node: token.node,
+    epoch: null,
+    detail: { token: id },
+  });
+  return "revoked";
+}
+
+export function hashSecret(secret: string): string {
+  return createHash("sha256").update(secret, "utf8").digest("hex");
+}
+
+function secretMatches(storedHash: string, presentedSecret: string): boolean {
+  // Both sides are SHA-256 digests, so the lengths are equal whatever was presented.
+  return timingSafeEqual(Buffer.from(storedHash, "hex"), Buffer.from(hashSecret(presentedSecret), "hex"));
+}

@@ -1,0 +1,51 @@
+/** The audit trail: one row per decision the mesh made. */
+import type { Kysely, Selectable } from "kysely";
+import type { Database, EventTable } from "./schema.js";
+
+export interface MeshEvent {
+  at: string;
+  kind: string;
+  node: string | null;
+  epoch: number | null;
+  detail: Record<string, unknown>;
+}
+
+export interface StoredEvent extends MeshEvent {
+  id: number;
+}
+
+export class EventQueries {
+  constructor(private readonly db: Kysely<Database>) {}
+
+  async record(event: MeshEvent): Promise<void> {
+    await this.db
+      .insertInto("events")
+      .values({
+        at: event.at,
+        kind: event.kind,
+        node: event.node,
+        epoch: event.epoch,
+        detail: JSON.stringify(event.detail),
+      })
+      .execute();
+  }
+
+  /** The newest `limit` events, oldest first, optionally of one node. */
+  async list(options: { limit: number; node?: string }): Promise<StoredEvent[]> {
+    let query = this.db.selectFrom("events").selectAll().orderBy("id", "desc").limit(options.limit);
+    if (options.node !== undefined) query = query.where("node", "=", options.node);
+    const rows = await query.execute();
+    return rows.reverse().map(toEvent);
+  }
+}
+
+function toEvent(row: Selectable<EventTable>): StoredEvent {
+  return {
+    id: row.id,
+    at: row.at,
+    kind: row.kind,
+    node: row.node,
+    epoch: row.epoch,
+    detail: JSON.parse(row.detail) as Record<string, unknown>,
+  };
+}

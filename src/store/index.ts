@@ -1,0 +1,12 @@
+export { openStore, Store } from "./open.js";
+export type { StoreOptions } from "./open.js";
+export { parseStoreUrl, redact } from "./url.js";
+export type { Dialect, StoreLocation } from "./url.js";
+export { nodeStates } from "./schema.js";
+export type { NodeState } from "./schema.js";
+export { tokenStatus, tokenStatuses } from "./tokens.js";
+export type { NewToken, TokenRecord, TokenStatus } from "./tokens.js";
+export type { Enrolment, NodeRecord } from "./nodes.js";
+export type { DeclarationRecord } from "./declarations.js";
+export type { AccountRecord } from "./accounts.js";
+export type { MeshEvent, StoredEvent } from "./events.js";

@@ -1,0 +1,103 @@
+/**
+ * Numbered migrations, applied in order when a store opens. A migration, once shipped, never changes: a new
+ * need gets a new number.
+ */
+import { sql } from "kysely";
+import type { Kysely, Migration, MigrationProvider } from "kysely";
+import type { Dialect } from "./url.js";
+
+type NumberedMigration = (dialect: Dialect) => Migration;
+
+const initial: NumberedMigration = (dialect) => ({
+  async up(db: Kysely<unknown>) {
+    // An auto-numbered key is spelled differently by each dialect.
+    const serial = dialect === "postgres" ? "serial" : "integer";
+    const autoKey = (column: string) =>
+      dialect === "postgres"
+        ? db.schema.createTable(column).addColumn("id", serial, (c) => c.primaryKey())
+        : db.schema.createTable(column).addColumn("id", serial, (c) => c.primaryKey().autoIncrement());
+
+    await db.schema
+      .createTable("nodes")
+      .addColumn("name", "text", (c) => c.primaryKey())
+      .addColumn("state", "text", (c) => c.notNull())
+      .addColumn("created_at", "text", (c) => c.notNull())
+      .addColumn("enrolled_at", "text")
+      .addColumn("retired_at", "text")
+      .addColumn("last_seen", "text")
+      .addColumn("signing_key", "text")
+      .addColumn("overlay_key", "text")
+      .addColumn("broker_user", "text")
+      .addColumn("profile", "text")
+      .addColumn("declaration_sequence", "integer", (c) => c.notNull().defaultTo(0))
+      .execute();
+
+    await db.schema
+      .createTable("tokens")
+      .addColumn("id", "text", (c) => c.primaryKey())
+      .addColumn("node", "text", (c) => c.notNull().references("nodes.name"))
+      .addColumn("secret_hash", "text", (c) => c.notNull())
+      .addColumn("created_at", "text", (c) => c.notNull())
+      .addColumn("expires_at", "text", (c) => c.notNull())
+      .addColumn("spent_at", "text")
+      .addColumn("revoked_at", "text")
+      .addColumn("broker_credential", "text")
+      .execute();
+    await db.schema.createIndex("tokens_node").on("tokens").column("node").execute();
+
+    await db.schema
+      .createTable("declarations")
+      .addColumn("node", "text", (c) => c.notNull().references("nodes.name"))
+      .addColumn("sequence", "integer", (c) => c.notNull())
+      .addColumn("epoch", "integer", (c) => c.notNull())
+      .addColumn("issued_at", "text", (c) => c.notNull())
+      .addColumn("digest", "text", (c) => c.notNull())
+      .addColumn("envelope", "text", (c) => c.notNull())
+      .addPrimaryKeyConstraint("declarations_pk", ["node", "sequence"])
+      .execute();
+    await db.schema.createIndex("declarations_digest").on("declarations").columns(["node", "digest"]).execute();
+
+    await autoKey("accounts")
+      .addColumn("node", "text", (c) => c.notNull().references("nodes.name"))
+      .addColumn("received_at", "text", (c) => c.notNull())
+      .addColumn("epoch", "integer")
+      .addColumn("sequence", "integer")
+      .addColumn("report_sequence", "integer")
+      .addColumn("digest", "text", (c) => c.notNull())
+      .addColumn("outcome", "text", (c) => c.notNull())
+      .addColumn("report", "text", (c) => c.notNull())
+      .execute();
+    await db.schema.createIndex("accounts_node").on("accounts").columns(["node", "id"]).execute();
+
+    await autoKey("events")
+      .addColumn("at", "text", (c) => c.notNull())
+      .addColumn("kind", "text", (c) => c.notNull())
+      .addColumn("node", "text")
+      .addColumn("epoch", "integer")
+      .addColumn("detail", "text", (c) => c.notNull())
+      .execute();
+    await db.schema.createIndex("events_at").on("events").column("at").execute();
+
+    await db.schema
+      .createTable("controller_epoch")
+      .addColumn("epoch", "integer", (c) => c.primaryKey())
+      .addColumn("taken_at", "text", (c) => c.notNull())
+      .addColumn("holder", "text", (c) => c.notNull())
+      .execute();
+  },
+  async down(db: Kysely<unknown>) {
+    for (const table of ["controller_epoch", "events", "accounts", "declarations", "tokens", "nodes"]) {
+      await sql`drop table ${sql.table(table)}`.execute(db);
+    }
+  },
+});
+
+const numbered: ReadonlyArray<[string, NumberedMigration]> = [["0001_initial", initial]];
+
+export function migrationProvider(dialect: Dialect): MigrationProvider {
+  return {
+    getMigrations() {
+      return Promise.resolve(Object.fromEntries(numbered.map(([name, make]) => [name, make(dialect)])));
+    },
+  };
+}

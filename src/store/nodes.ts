@@ -1,0 +1,116 @@
+/** Node records: who was invited, who enrolled with which keys, when each was last heard from. */
+import type { Kysely } from "kysely";
+import { MeshError } from "../errors.js";
+import type { Database, NodeState, NodeTable } from "./schema.js";
+
+export interface NodeRecord {
+  name: string;
+  state: NodeState;
+  createdAt: string;
+  enrolledAt: string | null;
+  retiredAt: string | null;
+  lastSeen: string | null;
+  signingKey: string | null;
+  overlayKey: string | null;
+  brokerUser: string | null;
+  profile: string | null;
+  declarationSequence: number;
+}
+
+export interface Enrolment {
+  signingKey: string;
+  overlayKey: string;
+  brokerUser: string | null;
+  profile: string;
+  at: string;
+}
+
+export class NodeQueries {
+  constructor(private readonly db: Kysely<Database>) {}
+
+  async list(): Promise<NodeRecord[]> {
+    const rows = await this.db.selectFrom("nodes").selectAll().orderBy("name").execute();
+    return rows.map(toRecord);
+  }
+
+  async get(name: string): Promise<NodeRecord | undefined> {
+    const row = await this.db.selectFrom("nodes").selectAll().where("name", "=", name).executeTakeFirst();
+    return row === undefined ? undefined : toRecord(row);
+  }
+
+  /** Records what a node sent when it enrolled. A retired node cannot enrol again under its old name. */
+  async enrol(name: string, enrolment: Enrolment): Promise<void> {
+    const result = await this.db
+      .updateTable("nodes")
+      .set({
+        state: "enrolled",
+        enrolled_at: enrolment.at,
+        signing_key: enrolment.signingKey,
+        overlay_key: enrolment.overlayKey,
+        broker_user: enrolment.brokerUser,
+        profile: enrolment.profile,
+      })
+      .where("name", "=", name)
+      .where("state", "!=", "retired")
+      .executeTakeFirst();
+    if (result.numUpdatedRows !== 1n) {
+      throw new MeshError("node_not_enrollable", `node ${name} has no record or is retired`);
+    }
+  }
+
+  async retire(name: string, at: string): Promise<boolean> {
+    const result = await this.db
+      .updateTable("nodes")
+      .set({ state: "retired", retired_at: at })
+      .where("name", "=", name)
+      .where("state", "!=", "retired")
+      .executeTakeFirst();
+    return result.numUpdatedRows === 1n;
+  }
+
+  /**
+   * Moves `last_seen` for many nodes in one transaction (one commit per alive message would cap ingest at a few
+   * thousand a second). A time never moves backwards: a late message does not make a node look older.
+   */
+  async touch(lastSeen: ReadonlyMap<string, string>): Promise<void> {
+    if (lastSeen.size === 0) return;
+    await this.db.transaction().execute(async (trx) => {
+      for (const [name, at] of lastSeen) {
+        await trx
+          .updateTable("nodes")
+          .set({ last_seen: at })
+          .where("name", "=", name)
+          .where((eb) => eb.or([eb("last_seen", "is", null), eb("last_seen", "<", at)]))
+          .execute();
+      }
+    });
+  }
+
+  /** Hands out the node's next declaration sequence atomically: concurrent callers never get the same one. */
+  async nextDeclarationSequence(name: string): Promise<number> {
+    const row = await this.db
+      .updateTable("nodes")
+      .set((eb) => ({ declaration_sequence: eb("declaration_sequence", "+", 1) }))
+      .where("name", "=", name)
+      .returning("declaration_sequence")
+      .executeTakeFirst();
+    if (row === undefined) throw new MeshError("node_unknown", `no node named ${name}`);
+    return row.declaration_sequence;
+  }
+}
+
+function toRecord(row: NodeTable): NodeRecord {
+  return {
+    name: row.name,
+    state: row.state,
+    createdAt: row.created_at,
+    enrolledAt: row.enrolled_at,
+    retiredAt: row.retired_at,
+    lastSeen: row.last_seen,
+    signingKey: row.signing_key,
+    overlayKey: row.overlay_key,
+    brokerUser: row.broker_user,
+    profile: row.profile,
+    declarationSequence: row.declaration_sequence,
+  };
+}

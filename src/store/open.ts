@@ -1,0 +1,124 @@
+/**
+ * Opening the store: SQLite (one file, zero set-up) or PostgreSQL (several controllers), migrated on open.
+ * Driver errors are turned into StoreError here, with the driver's error as the cause.
+ */
+import { mkdirSync } from "node:fs";
+import { dirname } from "node:path";
+import SqliteDatabase from "better-sqlite3";
+import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from "kysely";
+import pg from "pg";
+import { StoreError } from "../errors.js";
+import { AccountQueries } from "./accounts.js";
+import { DeclarationQueries } from "./declarations.js";
+import { EpochQueries } from "./epochs.js";
+import { EventQueries } from "./events.js";
+import { migrationProvider } from "./migrations.js";
+import { NodeQueries } from "./nodes.js";
+import type { Database } from "./schema.js";
+import { TokenQueries } from "./tokens.js";
+import type { Dialect, StoreLocation } from "./url.js";
+import { parseStoreUrl, redact } from "./url.js";
+
+export interface StoreOptions {
+  /** How many declarations and accounts to keep per node behind the latest. */
+  historyLimit: number;
+}
+
+export class Store {
+  readonly tokens: TokenQueries;
+  readonly nodes: NodeQueries;
+  readonly declarations: DeclarationQueries;
+  readonly accounts: AccountQueries;
+  readonly events: EventQueries;
+  readonly epochs: EpochQueries;
+
+  constructor(
+    readonly dialect: Dialect,
+    private readonly db: Kysely<Database>,
+    options: StoreOptions,
+  ) {
+    this.tokens = new TokenQueries(db);
+    this.nodes = new NodeQueries(db);
+    this.declarations = new DeclarationQueries(db, options.historyLimit);
+    this.accounts = new AccountQueries(db, options.historyLimit);
+    this.events = new EventQueries(db);
+    this.epochs = new EpochQueries(db);
+  }
+
+  async close(): Promise<void> {
+    await this.db.destroy();
+  }
+}
+
+export async function openStore(url: string, options: StoreOptions): Promise<Store> {
+  const location = parseStoreUrl(url);
+  const db = connect(location, url);
+  try {
+    if (location.dialect === "postgres" && location.schema !== undefined) {
+      await sql`create schema if not exists ${sql.id(location.schema)}`.execute(db);
+    }
+    await migrate(db, location);
+  } catch (error) {
+    await db.destroy();
+    if (error instanceof StoreError) throw error;
+    throw new StoreError(`cannot open the store at ${redact(url)}: ${describe(error)}`, { cause: error });
+  }
+  return new Store(location.dialect, db, options);
+}
+
+function connect(location: StoreLocation, url: string): Kysely<Database> {
+  switch (location.dialect) {
+    case "sqlite": {
+      if (location.path !== ":memory:") mkdirSync(dirname(location.path), { recursive: true });
+      let file: SqliteDatabase.Database;
+      try {
+        file = new SqliteDatabase(location.path);
+      } catch (error) {
+        throw new StoreError(`cannot open the store at ${url}: ${describe(error)}`, { cause: error });
+      }
+      // WAL lets readers (the CLI) work beside the control plane; NORMAL sync is durable in WAL but for the
+      // last commits before a power cut. The busy timeout makes concurrent writers wait instead of failing.
+      file.pragma("journal_mode = WAL");
+      file.pragma("synchronous = NORMAL");
+      file.pragma("busy_timeout = 5000");
+      file.pragma("foreign_keys = ON");
+      return new Kysely<Database>({ dialect: new SqliteDialect({ database: file }) });
+    }
+    case "postgres": {
+      const pool = new pg.Pool({
+        connectionString: location.connectionString,
+        max: 10,
+        ...(location.schema === undefined ? {} : { options: `-c search_path=${location.schema}` }),
+      });
+      return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
+    }
+    default: {
+      const unknown: never = location;
+      throw new StoreError(`unknown store location ${JSON.stringify(unknown)}`);
+    }
+  }
+}
+
+async function migrate(db: Kysely<Database>, location: StoreLocation): Promise<void> {
+  const migrator = new Migrator({
+    db,
+    provider: migrationProvider(location.dialect),
+    ...(location.dialect === "postgres" && location.schema !== undefined
+      ? { migrationTableSchema: location.schema }
+      : {}),
+  });
+  const { error, results } = await migrator.migrateToLatest();
+  if (error !== undefined) {
+    const failed = results?.find((result) => result.status === "Error")?.migrationName ?? "unknown";
+    throw new StoreError(`store migration ${failed} failed: ${describe(error)}`, { cause: error });
+  }
+}
+
+function describe(error: unknown): string {
+  if (error instanceof AggregateError && error.errors.length > 0) return describe(error.errors[0]);
+  if (error instanceof Error) {
+    const code = (error as { code?: unknown }).code;
+    return typeof code === "string" && code !== "" ? `${error.message} (${code})` : error.message;
+  }
+  return String(error);
+}

@@ -1,0 +1,88 @@
+/**
+ * The tables of the control plane's memory, as Kysely sees them. Timestamps are ISO-8601 UTC strings in every
+ * dialect (`Date.prototype.toISOString`), which sort and compare correctly as text in SQLite and PostgreSQL alike.
+ */
+import type { Generated } from "kysely";
+
+export const nodeStates = ["invited", "enrolled", "retired"] as const;
+export type NodeState = (typeof nodeStates)[number];
+
+export interface NodeTable {
+  name: string;
+  state: NodeState;
+  created_at: string;
+  enrolled_at: string | null;
+  retired_at: string | null;
+  last_seen: string | null;
+  /** The node's Ed25519 public key (base64 raw), sent at enrolment. */
+  signing_key: string | null;
+  /** The node's WireGuard-format overlay public key. */
+  overlay_key: string | null;
+  /** The node's own broker identity (a NATS user public key or an AMQP user name). */
+  broker_user: string | null;
+  /** The profile the node sent at enrolment, as JSON text. */
+  profile: string | null;
+  /** The last declaration sequence handed out for this node; the next one is this + 1. */
+  declaration_sequence: number;
+}
+
+export interface TokenTable {
+  id: string;
+  node: string;
+  /** SHA-256 of the secret, hex. The secret itself is never stored. */
+  secret_hash: string;
+  created_at: string;
+  expires_at: string;
+  spent_at: string | null;
+  revoked_at: string | null;
+  /** The broker identity minted for this token (JSON), filled by the broker that serves it; null until then. */
+  broker_credential: string | null;
+}
+
+export interface DeclarationTable {
+  node: string;
+  sequence: number;
+  epoch: number;
+  issued_at: string;
+  digest: string;
+  /** The signed envelope exactly as sent (JSON text). */
+  envelope: string;
+}
+
+export interface AccountTable {
+  id: Generated<number>;
+  node: string;
+  received_at: string;
+  epoch: number | null;
+  sequence: number | null;
+  report_sequence: number | null;
+  digest: string;
+  outcome: string;
+  /** The report as received (JSON text): the node's recovery copy. */
+  report: string;
+}
+
+export interface EventTable {
+  id: Generated<number>;
+  at: string;
+  kind: string;
+  node: string | null;
+  epoch: number | null;
+  /** Details of the decision (JSON text). */
+  detail: string;
+}
+
+export interface ControllerEpochTable {
+  epoch: number;
+  taken_at: string;
+  holder: string;
+}
+
+export interface Database {
+  nodes: NodeTable;
+  tokens: TokenTable;
+  declarations: DeclarationTable;
+  accounts: AccountTable;
+  events: EventTable;
+  controller_epoch: ControllerEpochTable;
+}

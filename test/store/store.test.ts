@@ -1,0 +1,240 @@
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { StoreError, UsageError } from "../../src/errors.js";
+import type { Store } from "../../src/store/index.js";
+import { openStore } from "../../src/store/index.js";
+import { storeBackends } from "../support/stores.js";
+
+const options = { historyLimit: 3 };
+const at = (seconds: number) => new Date(Date.UTC(2026, 0, 1, 0, 0, seconds)).toISOString();
+
+for (const backend of storeBackends) {
+  describe(`store (${backend.name})`, () => {
+    let location: { url: string; cleanup(): Promise<void> };
+    let store: Store;
+
+    before(async () => {
+      location = await backend.fresh();
+      store = await openStore(location.url, options);
+    });
+    after(async () => {
+      await store.close();
+      await location.cleanup();
+    });
+
+    test("migrations — reopening an existing store applies nothing twice and keeps the data", async () => {
+      await store.tokens.issue({
+        id: "tok_000000000001",
+        node: "reopen-1",
+        secretHash: "aa",
+        createdAt: at(0),
+        expiresAt: at(3600),
+      });
+      const again = await openStore(location.url, options);
+      try {
+        assert.equal((await again.nodes.get("reopen-1"))?.state, "invited");
+      } finally {
+        await again.close();
+      }
+    });
+
+    test("tokens — issuing creates the node record as invited, once", async () => {
+      for (const id of ["tok_00000000000a", "tok_00000000000b"]) {
+        await store.tokens.issue({ id, node: "web-1", secretHash: "ab", createdAt: at(0), expiresAt: at(60) });
+      }
+      const nodes = (await store.nodes.list()).filter((n) => n.name === "web-1");
+      assert.deepEqual(
+        nodes.map((n) => [n.name, n.state, n.lastSeen]),
+        [["web-1", "invited", null]],
+      );
+      const tokens = (await store.tokens.list()).filter((t) => t.node === "web-1");
+      assert.deepEqual(
+        tokens.map((t) => t.id),
+        ["tok_00000000000a", "tok_00000000000b"],
+      );
+    });
+
+    test("tokens — spend is compare-and-set: the second spend and a spend after expiry fail", async () => {
+      await store.tokens.issue({
+        id: "tok_00000000000c",
+        node: "web-2",
+        secretHash: "ac",
+        createdAt: at(0),
+        expiresAt: at(60),
+      });
+      assert.equal(await store.tokens.spend("tok_00000000000c", new Date(at(10))), true);
+      assert.equal(await store.tokens.spend("tok_00000000000c", new Date(at(11))), false);
+      assert.equal((await store.tokens.find("tok_00000000000c"))?.spentAt, at(10));
+
+      await store.tokens.issue({
+        id: "tok_00000000000d",
+        node: "web-2",
+        secretHash: "ad",
+        createdAt: at(0),
+        expiresAt: at(60),
+      });
+      assert.equal(await store.tokens.spend("tok_00000000000d", new Date(at(60))), false);
+      assert.equal((await store.tokens.find("tok_00000000000d"))?.spentAt, null);
+    });
+
+    test("tokens — a revoked token cannot be spent and cannot be revoked twice", async () => {
+      await store.tokens.issue({
+        id: "tok_00000000000e",
+        node: "web-3",
+        secretHash: "ae",
+        createdAt: at(0),
+        expiresAt: at(60),
+      });
+      assert.equal(await store.tokens.revoke("tok_00000000000e", new Date(at(1))), true);
+      assert.equal(await store.tokens.revoke("tok_00000000000e", new Date(at(2))), false);
+      assert.equal(await store.tokens.spend("tok_00000000000e", new Date(at(3))), false);
+    });
+
+    test("tokens — a retired node's name takes no new token", async () => {
+      await store.tokens.issue({
+        id: "tok_00000000000f",
+        node: "old-1",
+        secretHash: "af",
+        createdAt: at(0),
+        expiresAt: at(60),
+      });
+      assert.equal(await store.nodes.retire("old-1", at(5)), true);
+      await assert.rejects(
+        store.tokens.issue({
+          id: "tok_000000000010",
+          node: "old-1",
+          secretHash: "b0",
+          createdAt: at(6),
+          expiresAt: at(60),
+        }),
+        /old-1 is retired/,
+      );
+      assert.equal(await store.tokens.find("tok_000000000010"), undefined);
+    });
+
+    test("nodes — enrol records keys and profile; last_seen moves in batches and never backwards", async () => {
+      await store.tokens.issue({ id: "tok_000000000011", node: "db-1", secretHash: "b1", createdAt: at(0), expiresAt: at(60) });
+      await store.tokens.issue({ id: "tok_000000000012", node: "db-2", secretHash: "b2", createdAt: at(0), expiresAt: at(60) });
+      await store.nodes.enrol("db-1", {
+        signingKey: "sig",
+        overlayKey: "ovl",
+        brokerUser: "UABC",
+        profile: '{"cpu":2}',
+        at: at(1),
+      });
+      await store.nodes.touch(new Map([["db-1", at(30)], ["db-2", at(31)]]));
+      await store.nodes.touch(new Map([["db-1", at(20)]]));
+      const db1 = await store.nodes.get("db-1");
+      assert.equal(db1?.state, "enrolled");
+      assert.equal(db1?.signingKey, "sig");
+      assert.equal(db1?.lastSeen, at(30));
+      assert.equal((await store.nodes.get("db-2"))?.lastSeen, at(31));
+      await assert.rejects(
+        store.nodes.enrol("nobody", { signingKey: "s", overlayKey: "o", brokerUser: null, profile: "{}", at: at(1) }),
+        /no record or is retired/,
+      );
+    });
+
+    test("declarations — concurrent sequence allocation hands out each number once", async () => {
+      await store.tokens.issue({ id: "tok_000000000013", node: "seq-1", secretHash: "b3", createdAt: at(0), expiresAt: at(60) });
+      const sequences = await Promise.all(
+        Array.from({ length: 30 }, () => store.nodes.nextDeclarationSequence("seq-1")),
+      );
+      assert.deepEqual(
+        [...sequences].sort((a, b) => a - b),
+        Array.from({ length: 30 }, (_, i) => i + 1),
+      );
+      await assert.rejects(store.nodes.nextDeclarationSequence("no-such-node"), /no node named no-such-node/);
+    });
+
+    test("declarations — the latest per node and a bounded history; digests map to their order", async () => {
+      await store.tokens.issue({ id: "tok_000000000014", node: "decl-1", secretHash: "b4", createdAt: at(0), expiresAt: at(60) });
+      for (let sequence = 1; sequence <= 5; sequence++) {
+        await store.declarations.record({
+          node: "decl-1",
+          sequence,
+          epoch: 7,
+          issuedAt: at(sequence),
+          digest: `sha256:${sequence}`,
+          envelope: `{"n":${sequence}}`,
+        });
+      }
+      assert.equal((await store.declarations.latest("decl-1"))?.sequence, 5);
+      assert.deepEqual(
+        (await store.declarations.history("decl-1")).map((d) => d.sequence),
+        [5, 4, 3],
+      );
+      assert.deepEqual(await store.declarations.orderOfDigest("decl-1", "sha256:4"), { epoch: 7, sequence: 4 });
+      assert.equal(await store.declarations.orderOfDigest("decl-1", "sha256:1"), undefined);
+      assert.equal(await store.declarations.latest("decl-none"), undefined);
+    });
+
+    test("accounts — the newest kept account is the recovery copy; history is bounded", async () => {
+      await store.tokens.issue({ id: "tok_000000000015", node: "acct-1", secretHash: "b5", createdAt: at(0), expiresAt: at(60) });
+      assert.equal(await store.accounts.recoveryCopy("acct-1"), undefined);
+      for (let n = 1; n <= 4; n++) {
+        await store.accounts.keep({
+          node: "acct-1",
+          receivedAt: at(n),
+          epoch: 1,
+          sequence: n,
+          reportSequence: n,
+          digest: `sha256:${n}`,
+          outcome: "applied",
+          report: JSON.stringify({ n }),
+        });
+      }
+      const copy = await store.accounts.recoveryCopy("acct-1");
+      assert.equal(copy?.sequence, 4);
+      assert.deepEqual(JSON.parse(copy?.report ?? "null"), { n: 4 });
+      assert.deepEqual(
+        (await store.accounts.history("acct-1")).map((a) => a.sequence),
+        [4, 3, 2],
+      );
+    });
+
+    test("events — recorded in order, listed newest window oldest first, filtered by node", async () => {
+      await store.events.record({ at: at(1), kind: "test.one", node: "ev-1", epoch: null, detail: { a: 1 } });
+      await store.events.record({ at: at(2), kind: "test.two", node: "ev-2", epoch: 3, detail: {} });
+      await store.events.record({ at: at(3), kind: "test.three", node: "ev-1", epoch: 3, detail: { b: [1] } });
+      const ev1 = await store.events.list({ limit: 10, node: "ev-1" });
+      assert.deepEqual(
+        ev1.map((e) => [e.kind, e.detail]),
+        [
+          ["test.one", { a: 1 }],
+          ["test.three", { b: [1] }],
+        ],
+      );
+      const last = await store.events.list({ limit: 1 });
+      assert.equal(last[0]?.kind, "test.three");
+    });
+
+    test("controller_epoch — the floor is the highest epoch ever taken", async () => {
+      assert.equal(await store.epochs.floor(), 0);
+      await store.epochs.record(4, "ctl-a", at(1));
+      await store.epochs.record(9, "ctl-b", at(2));
+      await store.epochs.record(6, "ctl-a", at(3));
+      await store.epochs.record(9, "ctl-b", at(4));
+      assert.equal(await store.epochs.floor(), 9);
+    });
+  });
+}
+
+describe("store — opening", () => {
+  test("store — a URL that is neither sqlite nor postgres is a usage error", async () => {
+    await assert.rejects(openStore("mysql://x", options), UsageError);
+    await assert.rejects(openStore("sqlite:", options), UsageError);
+    await assert.rejects(openStore("postgres://h/db?schema=Bad-Name", options), UsageError);
+  });
+
+  test("store — an unreachable PostgreSQL is a StoreError that names the place, without the password", async () => {
+    const error = await openStore("postgres://mesh:secret@127.0.0.1:1/none", options).then(
+      () => assert.fail("opened a store on a closed port"),
+      (e: unknown) => e,
+    );
+    assert.ok(error instanceof StoreError);
+    assert.match(error.message, /127\.0\.0\.1:1/);
+    assert.match(error.message, /ECONNREFUSED/);
+    assert.doesNotMatch(error.message, /secret/);
+  });
+});
