@@ -43,7 +43,14 @@ export class TokenRefused extends MeshError {
   }
 }
 
-export const tokenRefusalReasons = ["unknown", "spent", "expired", "revoked", "wrong_node", "malformed"] as const;
+export const tokenRefusalReasons = [
+  "unknown",
+  "spent",
+  "expired",
+  "revoked",
+  "wrong_node",
+  "malformed",
+] as const;
 export type TokenRefusalReason = (typeof tokenRefusalReasons)[number];
 
 /** A message or key that is not what it claims to be: a bad signature, a mismatched key. */

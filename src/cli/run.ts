@@ -10,13 +10,15 @@ export const exitCodes = { ok: 0, failure: 1, usage: 2 } as const;
 
 export async function runProgram(program: Command, argv: readonly string[]): Promise<number> {
   program.exitOverride();
-  program.configureOutput({ outputError: (text, write) => write(text.trimEnd() + "\n") });
+  program.configureOutput({
+    outputError: (text, write) => write(text.trim().replace(/\s*\n\s*/g, " ") + "\n"),
+  });
   for (const command of allCommands(program)) {
     command.exitOverride();
     command.showSuggestionAfterError(true);
   }
   try {
-    await program.parseAsync(argv as string[], { from: "user" });
+    await program.parseAsync(argv, { from: "user" });
     return exitCodes.ok;
   } catch (error) {
     return exitCodeFor(error, program.name());
@@ -34,7 +36,8 @@ function exitCodeFor(error: unknown, name: string): number {
   }
   const message = error instanceof Error ? error.message : String(error);
   process.stderr.write(`${name}: ${message}\n`);
-  if (process.env.MESH_DEBUG === "1" && error instanceof Error) process.stderr.write(`${describeDeep(error)}\n`);
+  if (process.env.MESH_DEBUG === "1" && error instanceof Error)
+    process.stderr.write(`${describeDeep(error)}\n`);
   if (error instanceof UsageError) return exitCodes.usage;
   if (error instanceof MeshError) return exitCodes.failure;
   return exitCodes.failure;

@@ -3,7 +3,7 @@ import type { Command } from "commander";
 import { parseDuration } from "../config/duration.js";
 import { issueToken, revokeToken } from "../control/tokens.js";
 import { MeshError, UsageError } from "../errors.js";
-import { isNodeName } from "../link/index.js";
+import { nodeNameProblem } from "../link/index.js";
 import { tokenStatus } from "../store/index.js";
 import type { GlobalFlags } from "./context.js";
 import { optionsFrom, signingIdentity, withStore } from "./context.js";
@@ -22,8 +22,9 @@ export function registerTokenCommands(program: Command): void {
     .option("--json", "print {node, token, expires_at}")
     .action(async (node: string, flags: { ttl?: string }, command: Command) => {
       const globals = command.optsWithGlobals<GlobalFlags>();
-      if (!isNodeName(node)) {
-        throw new UsageError(`"${node}" is not a node name: use a DNS label (a-z, 0-9, '-', at most 63)`);
+      const problem = nodeNameProblem(node);
+      if (problem !== undefined) {
+        throw new UsageError(`"${node}" is not a node name (${problem.replace(/^node name [^:]*: /, "")})`);
       }
       const options = optionsFrom(globals);
       const ttlMs = flags.ttl === undefined ? options.tokenTtlMs : parseDuration(flags.ttl, "--ttl");
@@ -40,7 +41,7 @@ export function registerTokenCommands(program: Command): void {
       out.line("");
       out.line(`  ${issued.token}`);
       out.line("");
-      out.line("On the machine:  mesh-host join <token>");
+      out.line("Check it on the machine:  mesh-host token show <token>");
       out.line("This is the only time the token is shown.");
     });
 
@@ -53,7 +54,12 @@ export function registerTokenCommands(program: Command): void {
       const options = optionsFrom(globals);
       const now = new Date();
       const tokens = await withStore(options, (store) => store.tokens.list());
-      const rows = tokens.map((t) => ({ id: t.id, node: t.node, expires_at: t.expiresAt, status: tokenStatus(t, now) }));
+      const rows = tokens.map((t) => ({
+        id: t.id,
+        node: t.node,
+        expires_at: t.expiresAt,
+        status: tokenStatus(t, now),
+      }));
       const out = stdoutOutput(globals.json === true);
       if (out.json) {
         out.document(rows);
@@ -72,7 +78,8 @@ export function registerTokenCommands(program: Command): void {
     .option("--json", 'print {"id","status"}')
     .action(async (id: string, _flags: unknown, command: Command) => {
       const globals = command.optsWithGlobals<GlobalFlags>();
-      if (!tokenId.test(id)) throw new UsageError(`"${id}" is not a token id (they look like tok_0123456789ab)`);
+      if (!tokenId.test(id))
+        throw new UsageError(`"${id}" is not a token id (they look like tok_0123456789ab)`);
       const options = optionsFrom(globals);
       const outcome = await withStore(options, (store) => revokeToken(store, id, new Date()));
       switch (outcome) {

@@ -2,7 +2,7 @@
  * The control plane's options, compiled once from four layers, each overriding the one before: defaults,
  * `mesh.yaml` in the data dir, `MESH_*` environment variables, command-line flags. Every default lives here.
  */
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
@@ -80,12 +80,12 @@ export function compileMeshOptions(input: CompileInput): MeshOptions {
 }
 
 function readConfigFile(path: string): MeshSettings {
+  // No config file is the ordinary case: every setting has a default.
+  if (!existsSync(path)) return {};
   let text: string;
   try {
     text = readFileSync(path, "utf8");
   } catch (error) {
-    // No config file is the ordinary case: every setting has a default.
-    if ((error as NodeJS.ErrnoException).code === "ENOENT") return {};
     throw new UsageError(`cannot read ${path}: ${(error as Error).message}`, { cause: error });
   }
   let parsed: unknown;

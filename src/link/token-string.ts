@@ -33,7 +33,9 @@ export const tokenContentSchema = z.strictObject({
 export type TokenContent = z.infer<typeof tokenContentSchema>;
 
 export function encodeToken(content: TokenContent): string {
-  return prefix + Buffer.from(JSON.stringify(tokenContentSchema.parse(content)), "utf8").toString("base64url");
+  return (
+    prefix + Buffer.from(JSON.stringify(tokenContentSchema.parse(content)), "utf8").toString("base64url")
+  );
 }
 
 /** Reads a token string. Throws ContractError saying what is wrong with it, never echoing the secret. */

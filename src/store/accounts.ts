@@ -47,7 +47,11 @@ export class AccountQueries {
         .offset(this.historyLimit - 1)
         .executeTakeFirst();
       if (oldestKept !== undefined) {
-        await trx.deleteFrom("accounts").where("node", "=", account.node).where("id", "<", oldestKept.id).execute();
+        await trx
+          .deleteFrom("accounts")
+          .where("node", "=", account.node)
+          .where("id", "<", oldestKept.id)
+          .execute();
       }
     });
   }

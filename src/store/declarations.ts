@@ -72,7 +72,10 @@ export class DeclarationQueries {
   }
 
   /** The (epoch, sequence) of the kept declaration with this digest: the ordering fallback for older agents. */
-  async orderOfDigest(node: string, digest: string): Promise<{ epoch: number; sequence: number } | undefined> {
+  async orderOfDigest(
+    node: string,
+    digest: string,
+  ): Promise<{ epoch: number; sequence: number } | undefined> {
     return this.db
       .selectFrom("declarations")
       .select(["epoch", "sequence"])

@@ -55,7 +55,11 @@ const initial: NumberedMigration = (dialect) => ({
       .addColumn("envelope", "text", (c) => c.notNull())
       .addPrimaryKeyConstraint("declarations_pk", ["node", "sequence"])
       .execute();
-    await db.schema.createIndex("declarations_digest").on("declarations").columns(["node", "digest"]).execute();
+    await db.schema
+      .createIndex("declarations_digest")
+      .on("declarations")
+      .columns(["node", "digest"])
+      .execute();
 
     await autoKey("accounts")
       .addColumn("node", "text", (c) => c.notNull().references("nodes.name"))

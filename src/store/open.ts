@@ -90,6 +90,11 @@ function connect(location: StoreLocation, url: string): Kysely<Database> {
         max: 10,
         ...(location.schema === undefined ? {} : { options: `-c search_path=${location.schema}` }),
       });
+      // An idle connection that the server closes (a restart, an administrator) is dropped from the pool and
+      // replaced on next use; without a listener the pool's error event would end the whole process.
+      pool.on("error", (error) => {
+        process.stderr.write(`store: an idle PostgreSQL connection closed: ${describe(error)}\n`);
+      });
       return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
     }
     default: {

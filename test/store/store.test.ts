@@ -40,7 +40,13 @@ for (const backend of storeBackends) {
 
     test("tokens — issuing creates the node record as invited, once", async () => {
       for (const id of ["tok_00000000000a", "tok_00000000000b"]) {
-        await store.tokens.issue({ id, node: "web-1", secretHash: "ab", createdAt: at(0), expiresAt: at(60) });
+        await store.tokens.issue({
+          id,
+          node: "web-1",
+          secretHash: "ab",
+          createdAt: at(0),
+          expiresAt: at(60),
+        });
       }
       const nodes = (await store.nodes.list()).filter((n) => n.name === "web-1");
       assert.deepEqual(
@@ -113,8 +119,20 @@ for (const backend of storeBackends) {
     });
 
     test("nodes — enrol records keys and profile; last_seen moves in batches and never backwards", async () => {
-      await store.tokens.issue({ id: "tok_000000000011", node: "db-1", secretHash: "b1", createdAt: at(0), expiresAt: at(60) });
-      await store.tokens.issue({ id: "tok_000000000012", node: "db-2", secretHash: "b2", createdAt: at(0), expiresAt: at(60) });
+      await store.tokens.issue({
+        id: "tok_000000000011",
+        node: "db-1",
+        secretHash: "b1",
+        createdAt: at(0),
+        expiresAt: at(60),
+      });
+      await store.tokens.issue({
+        id: "tok_000000000012",
+        node: "db-2",
+        secretHash: "b2",
+        createdAt: at(0),
+        expiresAt: at(60),
+      });
       await store.nodes.enrol("db-1", {
         signingKey: "sig",
         overlayKey: "ovl",
@@ -122,7 +140,12 @@ for (const backend of storeBackends) {
         profile: '{"cpu":2}',
         at: at(1),
       });
-      await store.nodes.touch(new Map([["db-1", at(30)], ["db-2", at(31)]]));
+      await store.nodes.touch(
+        new Map([
+          ["db-1", at(30)],
+          ["db-2", at(31)],
+        ]),
+      );
       await store.nodes.touch(new Map([["db-1", at(20)]]));
       const db1 = await store.nodes.get("db-1");
       assert.equal(db1?.state, "enrolled");
@@ -130,13 +153,25 @@ for (const backend of storeBackends) {
       assert.equal(db1?.lastSeen, at(30));
       assert.equal((await store.nodes.get("db-2"))?.lastSeen, at(31));
       await assert.rejects(
-        store.nodes.enrol("nobody", { signingKey: "s", overlayKey: "o", brokerUser: null, profile: "{}", at: at(1) }),
+        store.nodes.enrol("nobody", {
+          signingKey: "s",
+          overlayKey: "o",
+          brokerUser: null,
+          profile: "{}",
+          at: at(1),
+        }),
         /no record or is retired/,
       );
     });
 
     test("declarations — concurrent sequence allocation hands out each number once", async () => {
-      await store.tokens.issue({ id: "tok_000000000013", node: "seq-1", secretHash: "b3", createdAt: at(0), expiresAt: at(60) });
+      await store.tokens.issue({
+        id: "tok_000000000013",
+        node: "seq-1",
+        secretHash: "b3",
+        createdAt: at(0),
+        expiresAt: at(60),
+      });
       const sequences = await Promise.all(
         Array.from({ length: 30 }, () => store.nodes.nextDeclarationSequence("seq-1")),
       );
@@ -148,7 +183,13 @@ for (const backend of storeBackends) {
     });
 
     test("declarations — the latest per node and a bounded history; digests map to their order", async () => {
-      await store.tokens.issue({ id: "tok_000000000014", node: "decl-1", secretHash: "b4", createdAt: at(0), expiresAt: at(60) });
+      await store.tokens.issue({
+        id: "tok_000000000014",
+        node: "decl-1",
+        secretHash: "b4",
+        createdAt: at(0),
+        expiresAt: at(60),
+      });
       for (let sequence = 1; sequence <= 5; sequence++) {
         await store.declarations.record({
           node: "decl-1",
@@ -164,13 +205,22 @@ for (const backend of storeBackends) {
         (await store.declarations.history("decl-1")).map((d) => d.sequence),
         [5, 4, 3],
       );
-      assert.deepEqual(await store.declarations.orderOfDigest("decl-1", "sha256:4"), { epoch: 7, sequence: 4 });
+      assert.deepEqual(await store.declarations.orderOfDigest("decl-1", "sha256:4"), {
+        epoch: 7,
+        sequence: 4,
+      });
       assert.equal(await store.declarations.orderOfDigest("decl-1", "sha256:1"), undefined);
       assert.equal(await store.declarations.latest("decl-none"), undefined);
     });
 
     test("accounts — the newest kept account is the recovery copy; history is bounded", async () => {
-      await store.tokens.issue({ id: "tok_000000000015", node: "acct-1", secretHash: "b5", createdAt: at(0), expiresAt: at(60) });
+      await store.tokens.issue({
+        id: "tok_000000000015",
+        node: "acct-1",
+        secretHash: "b5",
+        createdAt: at(0),
+        expiresAt: at(60),
+      });
       assert.equal(await store.accounts.recoveryCopy("acct-1"), undefined);
       for (let n = 1; n <= 4; n++) {
         await store.accounts.keep({
@@ -196,7 +246,13 @@ for (const backend of storeBackends) {
     test("events — recorded in order, listed newest window oldest first, filtered by node", async () => {
       await store.events.record({ at: at(1), kind: "test.one", node: "ev-1", epoch: null, detail: { a: 1 } });
       await store.events.record({ at: at(2), kind: "test.two", node: "ev-2", epoch: 3, detail: {} });
-      await store.events.record({ at: at(3), kind: "test.three", node: "ev-1", epoch: 3, detail: { b: [1] } });
+      await store.events.record({
+        at: at(3),
+        kind: "test.three",
+        node: "ev-1",
+        epoch: 3,
+        detail: { b: [1] },
+      });
       const ev1 = await store.events.list({ limit: 10, node: "ev-1" });
       assert.deepEqual(
         ev1.map((e) => [e.kind, e.detail]),

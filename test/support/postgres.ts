@@ -19,8 +19,31 @@ export async function scratchDatabase(): Promise<ScratchDatabase> {
   url.pathname = `/${name}`;
   return {
     url: url.toString(),
-    drop: () => admin(`drop database if exists ${name} with (force)`),
+    drop: async () => {
+      // A closed pool's connections take a moment to leave the server; forcing them out earlier makes them
+      // report an error to a pool that was already closed.
+      await waitForNoConnections(name, 3000);
+      await admin(`drop database if exists ${name} with (force)`);
+    },
   };
+}
+
+async function waitForNoConnections(database: string, timeoutMs: number): Promise<void> {
+  const client = new pg.Client({ connectionString: adminUrl });
+  await client.connect();
+  try {
+    const deadline = Date.now() + timeoutMs;
+    while (Date.now() < deadline) {
+      const result = await client.query<{ n: string }>(
+        "select count(*) as n from pg_stat_activity where datname = $1",
+        [database],
+      );
+      if (result.rows[0]?.n === "0") return;
+      await new Promise((resolve) => setTimeout(resolve, 25));
+    }
+  } finally {
+    await client.end();
+  }
 }
 
 async function admin(statement: string): Promise<void> {

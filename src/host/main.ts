@@ -1,0 +1,15 @@
+/** `mesh-host`: the agent on every node. */
+import { Command } from "commander";
+import { runProgram } from "../cli/run.js";
+import { meshVersion } from "../cli/version.js";
+import { registerTokenShow } from "./token-show.js";
+
+export function hostProgram(): Command {
+  const program = new Command("mesh-host")
+    .description("the mesh's agent on a node")
+    .version(meshVersion(), "-V, --version");
+  registerTokenShow(program);
+  return program;
+}
+
+process.exitCode = await runProgram(hostProgram(), process.argv.slice(2));

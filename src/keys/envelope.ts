@@ -1,0 +1,72 @@
+import type { KeyObject } from "node:crypto";
+import { KeyError } from "../errors.js";
+import { decodeCanonicalBase64 } from "./base64.js";
+import { fingerprint, fingerprintsEqual } from "./fingerprint.js";
+import { sign, signingPublicKeyOf, verify } from "./signing.js";
+
+/**
+ * A declaration as it travels: its bytes exactly as composed, the control plane's signature over those bytes, and
+ * the fingerprint of the key that made it. The declaration is never re-encoded between signing and checking.
+ */
+export interface DeclarationEnvelope {
+  kind: "declaration_envelope";
+  /** Base64 of the declaration's bytes, exactly as signed. */
+  payload: string;
+  /** Base64 of the 64-byte Ed25519 signature over the payload's bytes. */
+  signature: string;
+  /** Fingerprint (`SHA256:…`) of the signing key. */
+  signer: string;
+}
+
+/** The fields of an envelope that {@link openDeclaration} reads. */
+export type SealedDeclaration = Pick<DeclarationEnvelope, "payload" | "signature" | "signer">;
+
+/**
+ * Signs a declaration's bytes exactly as they will be published and wraps them in an envelope.
+ *
+ * @param signer the fingerprint of `privateKey`'s public half; checked here so that an envelope every node would
+ *   refuse is never sent.
+ * @throws KeyError when `signer` is not the fingerprint of `privateKey`.
+ */
+export function sealDeclaration(
+  declarationBytes: Uint8Array,
+  privateKey: KeyObject,
+  signer: string,
+): DeclarationEnvelope {
+  const ownFingerprint = fingerprint(signingPublicKeyOf(privateKey));
+  if (!fingerprintsEqual(signer, ownFingerprint)) {
+    throw new KeyError(`signer ${signer} is not the fingerprint of the signing key (${ownFingerprint})`);
+  }
+  return {
+    kind: "declaration_envelope",
+    payload: Buffer.from(declarationBytes).toString("base64"),
+    signature: Buffer.from(sign(declarationBytes, privateKey)).toString("base64"),
+    signer,
+  };
+}
+
+/**
+ * Checks an envelope against the signing key pinned at enrolment and returns the declaration's bytes unchanged.
+ * Parse them only after this returns.
+ *
+ * The signature is checked against `pinnedPublicKey` alone: nothing the envelope says about its signer is trusted,
+ * the `signer` field only has to agree with the pinned key.
+ *
+ * @throws KeyError when the signer is not the pinned key, the fields are not base64, or the signature does not verify.
+ */
+export function openDeclaration(envelope: SealedDeclaration, pinnedPublicKey: KeyObject): Uint8Array {
+  const pinnedFingerprint = fingerprint(pinnedPublicKey);
+  if (!fingerprintsEqual(envelope.signer, pinnedFingerprint)) {
+    throw new KeyError(
+      `declaration signer ${envelope.signer} is not the pinned signing key ${pinnedFingerprint}`,
+    );
+  }
+  // The signature covers these decoded bytes as they are. Re-encoding them first (even parse + stringify) could
+  // change key order or spacing, and a signature over the same meaning would then no longer verify.
+  const bytes = decodeCanonicalBase64(envelope.payload, "declaration payload");
+  const signature = decodeCanonicalBase64(envelope.signature, "declaration signature");
+  if (!verify(bytes, signature, pinnedPublicKey)) {
+    throw new KeyError("declaration signature does not verify against the pinned signing key");
+  }
+  return new Uint8Array(bytes);
+}

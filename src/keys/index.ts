@@ -1,0 +1,32 @@
+/**
+ * Keys of the mesh: Ed25519 signing keys and their fingerprints, the signed declaration envelope, X25519 overlay
+ * keys in WireGuard format, and private key files on disk.
+ */
+export {
+  decodeSigningPrivateKey,
+  decodeSigningPublicKey,
+  encodeSigningPrivateKey,
+  encodeSigningPublicKey,
+  generateSigningKeyPair,
+  rawSigningPublicKey,
+  sign,
+  signatureLength,
+  signingPublicKeyFromRaw,
+  signingPublicKeyLength,
+  signingPublicKeyOf,
+  verify,
+} from "./signing.js";
+export type { SigningKeyPair } from "./signing.js";
+export { fingerprint, fingerprintsEqual, openSshPublicKey } from "./fingerprint.js";
+export { openDeclaration, sealDeclaration } from "./envelope.js";
+export type { DeclarationEnvelope, SealedDeclaration } from "./envelope.js";
+export { generateOverlayKeyPair, overlayKeyLength, overlayPublicKeyOf } from "./overlay.js";
+export type { OverlayKeyPair } from "./overlay.js";
+export {
+  loadOrCreateSigningKey,
+  readPrivateFile,
+  signingKeyFile,
+  signingPublicKeyFile,
+  writePrivateFile,
+} from "./files.js";
+export type { SigningIdentity } from "./files.js";

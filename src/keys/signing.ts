@@ -1,0 +1,132 @@
+import {
+  createPrivateKey,
+  createPublicKey,
+  generateKeyPairSync,
+  sign as signWithKey,
+  verify as verifyWithKey,
+} from "node:crypto";
+import type { KeyObject } from "node:crypto";
+import { KeyError } from "../errors.js";
+import { decodeKeyBase64 } from "./base64.js";
+
+/** Length in bytes of a raw Ed25519 public key. */
+export const signingPublicKeyLength = 32;
+/** Length in bytes of an Ed25519 signature. */
+export const signatureLength = 64;
+
+// An Ed25519 SubjectPublicKeyInfo is this fixed 12-byte header (algorithm OID 1.3.101.112) followed by the raw key,
+// so the raw key is the last 32 bytes of the DER and a raw key becomes a KeyObject by prepending the header.
+const spkiHeader = Buffer.from("302a300506032b6570032100", "hex");
+
+/** An Ed25519 key pair: the private half signs declarations, the public half is pinned by those who check them. */
+export interface SigningKeyPair {
+  publicKey: KeyObject;
+  privateKey: KeyObject;
+}
+
+/** Generates a fresh Ed25519 key pair. */
+export function generateSigningKeyPair(): SigningKeyPair {
+  const { publicKey, privateKey } = generateKeyPairSync("ed25519");
+  return { publicKey, privateKey };
+}
+
+/** The public half of an Ed25519 private key. */
+export function signingPublicKeyOf(privateKey: KeyObject): KeyObject {
+  requireEd25519(privateKey, "private");
+  return createPublicKey(privateKey);
+}
+
+/** Signs `bytes` exactly as given and returns the 64-byte Ed25519 signature. */
+export function sign(bytes: Uint8Array, privateKey: KeyObject): Uint8Array {
+  requireEd25519(privateKey, "private");
+  // Ed25519 hashes internally, so no digest algorithm is named; a copy keeps callers off Node's shared buffer pool.
+  return new Uint8Array(signWithKey(null, bytes, privateKey));
+}
+
+/**
+ * Whether `signature` is a valid Ed25519 signature of `bytes` by `publicKey`.
+ *
+ * Any wrong signature — wrong length, random bytes, another key's — is answered `false`, never an exception, so a
+ * caller has one refusal path for all of them. Passing a key that is not an Ed25519 public key is a programming
+ * error and does throw.
+ */
+export function verify(bytes: Uint8Array, signature: Uint8Array, publicKey: KeyObject): boolean {
+  requireEd25519(publicKey, "public");
+  if (signature.length !== signatureLength) return false;
+  return verifyWithKey(null, bytes, publicKey, signature);
+}
+
+/** The raw 32 bytes of an Ed25519 public key. */
+export function rawSigningPublicKey(publicKey: KeyObject): Uint8Array {
+  requireEd25519(publicKey, "public");
+  const der = publicKey.export({ type: "spki", format: "der" });
+  if (
+    der.length !== spkiHeader.length + signingPublicKeyLength ||
+    !der.subarray(0, spkiHeader.length).equals(spkiHeader)
+  ) {
+    throw new KeyError("Ed25519 public key exported in an unexpected SubjectPublicKeyInfo layout");
+  }
+  return new Uint8Array(der.subarray(spkiHeader.length));
+}
+
+/**
+ * The public key as base64 of its raw 32 bytes: the form sent at enrolment, stored and pinned.
+ * The raw form is what SSH, WireGuard and most tools print, and it has no encoding choices left to disagree on.
+ */
+export function encodeSigningPublicKey(publicKey: KeyObject): string {
+  return Buffer.from(rawSigningPublicKey(publicKey)).toString("base64");
+}
+
+/**
+ * Reads a public key written by {@link encodeSigningPublicKey}.
+ * @throws KeyError when the text is not canonical base64 or does not hold exactly 32 bytes.
+ */
+export function decodeSigningPublicKey(base64: string): KeyObject {
+  const raw = decodeKeyBase64(base64, signingPublicKeyLength, "Ed25519 signing public key");
+  return signingPublicKeyFromRaw(raw);
+}
+
+/** An Ed25519 public key from its raw 32 bytes. */
+export function signingPublicKeyFromRaw(raw: Uint8Array): KeyObject {
+  if (raw.length !== signingPublicKeyLength) {
+    throw new KeyError(
+      `Ed25519 signing public key must be ${signingPublicKeyLength} bytes, got ${raw.length}`,
+    );
+  }
+  try {
+    return createPublicKey({ key: Buffer.concat([spkiHeader, raw]), format: "der", type: "spki" });
+  } catch (error) {
+    throw new KeyError("Ed25519 signing public key could not be loaded", { cause: error });
+  }
+}
+
+/** The private key as PKCS#8 PEM, the form kept on disk. */
+export function encodeSigningPrivateKey(privateKey: KeyObject): string {
+  requireEd25519(privateKey, "private");
+  // Node's typing allows a Buffer here even though PEM export yields text.
+  const pem = privateKey.export({ type: "pkcs8", format: "pem" });
+  return typeof pem === "string" ? pem : pem.toString("utf8");
+}
+
+/**
+ * Reads a PKCS#8 PEM private key and checks that it is Ed25519.
+ * @throws KeyError when the PEM does not parse or holds another kind of key.
+ */
+export function decodeSigningPrivateKey(pem: string): KeyObject {
+  let privateKey: KeyObject;
+  try {
+    privateKey = createPrivateKey({ key: pem, format: "pem" });
+  } catch (error) {
+    throw new KeyError("signing private key is not a readable PKCS#8 PEM key", { cause: error });
+  }
+  requireEd25519(privateKey, "private");
+  return privateKey;
+}
+
+function requireEd25519(key: KeyObject, type: "public" | "private"): void {
+  if (key.type !== type || key.asymmetricKeyType !== "ed25519") {
+    throw new KeyError(
+      `expected an Ed25519 ${type} key, got a ${key.asymmetricKeyType ?? "symmetric"} ${key.type} key`,
+    );
+  }
+}

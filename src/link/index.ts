@@ -1,0 +1,91 @@
+/**
+ * The wire contract: every message kind and its schema, every name on the broker, the writers table compiled into
+ * broker permissions, and the ordering rule for reports.
+ */
+export { ContractError } from "./errors.js";
+export {
+  anyNodeSubjectToken,
+  assertNodeName,
+  controlQueue,
+  controlQueueKinds,
+  controlRoutingKey,
+  controlSubject,
+  declarationSubject,
+  defaultExchange,
+  defaultExchangeResource,
+  eventRoutingKey,
+  eventSubject,
+  inboxPrefix,
+  isNodeName,
+  meshExchange,
+  nodeNameProblem,
+  nodeOfSubject,
+  nodeQueue,
+  nodeSubjects,
+  readControlSubject,
+} from "./names.js";
+export type { ControlQueueKind } from "./names.js";
+export {
+  aliveSchema,
+  declarationEnvelopeSchema,
+  declarationSchema,
+  enrolReplySchema,
+  enrolSchema,
+  messageKinds,
+  messageSchemas,
+  reportSchema,
+} from "./messages.js";
+export type {
+  Alive,
+  Declaration,
+  DeclarationEnvelope,
+  DeclaredItem,
+  Enrol,
+  EnrolReply,
+  Message,
+  MessageKind,
+  MessageOf,
+  Report,
+} from "./messages.js";
+export {
+  encodeMessage,
+  maxMessageBytes,
+  parseAlive,
+  parseDeclaration,
+  parseDeclarationBytes,
+  parseDeclarationEnvelope,
+  parseEnrol,
+  parseEnrolReply,
+  parseMessage,
+  parseReport,
+} from "./parse.js";
+export {
+  escapeRegex,
+  mayPublish,
+  mayRead,
+  natsPermissions,
+  places,
+  publishedKinds,
+  rabbitPermissions,
+  roles,
+  writersTable,
+} from "./writers.js";
+export type {
+  NatsPermissions,
+  Place,
+  PublishedKind,
+  RabbitPermissions,
+  Role,
+  WritersRow,
+  WritersTable,
+} from "./writers.js";
+export { decodeToken, encodeToken, tokenContentSchema } from "./token-string.js";
+export type { TokenContent } from "./token-string.js";
+export { accountOfReport, compareOrder, judgeReport, olderThan, reportOrder } from "./ordering.js";
+export type {
+  DeclarationOrder,
+  DeclarationOrderOfDigest,
+  ReportAccount,
+  ReportJudgement,
+  ReportOrder,
+} from "./ordering.js";

@@ -1,0 +1,208 @@
+import type { z } from "zod";
+
+import { ContractError } from "./errors.js";
+import { messageKinds, messageSchemas } from "./messages.js";
+import type {
+  Alive,
+  Declaration,
+  DeclarationEnvelope,
+  Enrol,
+  EnrolReply,
+  Message,
+  MessageKind,
+  MessageOf,
+  Report,
+} from "./messages.js";
+
+/** The largest message the mesh reads or sends. A declaration of many files fits; a flood does not. */
+export const maxMessageBytes = 1024 * 1024;
+
+/** How many problems a refusal names before it says how many more there were. */
+const issuesShown = 5;
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+const encoder = new TextEncoder();
+
+/**
+ * Parses a message of `kind`. Bytes and strings are read as UTF-8 JSON; anything else is taken as an already
+ * decoded value. Throws ContractError, and only ContractError, with a reason naming the field and the problem.
+ */
+export function parseMessage<K extends MessageKind>(kind: K, input: unknown): MessageOf<K> {
+  if (!messageKinds.includes(kind))
+    throw new ContractError(`unknown message kind ${JSON.stringify(String(kind))}`);
+  const value = input instanceof Uint8Array || typeof input === "string" ? readJson(kind, input) : input;
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw new ContractError(`${kind}: expected a JSON object, received ${typeName(value)}`);
+  }
+  let result: ReturnType<(typeof messageSchemas)[K]["safeParse"]>;
+  try {
+    result = messageSchemas[kind].safeParse(value, { reportInput: true }) as typeof result;
+  } catch (error) {
+    // Only a value built in memory (a getter or proxy that throws) lands here; it is refused like any bad input.
+    throw new ContractError(`${kind}: could not be read`, { cause: error });
+  }
+  if (!result.success) throw new ContractError(describeIssues(kind, result.error.issues));
+  return result.data as MessageOf<K>;
+}
+
+/** Parses an `enrol` message. */
+export function parseEnrol(input: unknown): Enrol {
+  return parseMessage("enrol", input);
+}
+
+/** Parses an `enrol_reply` message. */
+export function parseEnrolReply(input: unknown): EnrolReply {
+  return parseMessage("enrol_reply", input);
+}
+
+/** Parses a `declaration`. Nodes call parseDeclarationBytes instead, on bytes already verified. */
+export function parseDeclaration(input: unknown): Declaration {
+  return parseMessage("declaration", input);
+}
+
+/** Parses a `declaration_envelope` message. */
+export function parseDeclarationEnvelope(input: unknown): DeclarationEnvelope {
+  return parseMessage("declaration_envelope", input);
+}
+
+/** Parses a `report` message. */
+export function parseReport(input: unknown): Report {
+  return parseMessage("report", input);
+}
+
+/** Parses an `alive` message. */
+export function parseAlive(input: unknown): Alive {
+  return parseMessage("alive", input);
+}
+
+/**
+ * Parses a declaration from the exact bytes whose signature was verified. It takes bytes only: parsing anything
+ * re-encoded would parse something other than what was signed.
+ */
+export function parseDeclarationBytes(bytes: Uint8Array): Declaration {
+  if (!(bytes instanceof Uint8Array)) throw new ContractError("declaration: expected the signed bytes");
+  return parseMessage("declaration", bytes);
+}
+
+/**
+ * Encodes a message as UTF-8 JSON for sending. The message is checked against its schema first, so the mesh never
+ * sends what it would itself refuse; the encoding lists fields in schema order, so equal messages give equal bytes.
+ */
+export function encodeMessage(message: Message): Uint8Array {
+  const checked = parseMessage(message.kind, message);
+  const bytes = encoder.encode(JSON.stringify(checked));
+  if (bytes.byteLength > maxMessageBytes) {
+    throw new ContractError(
+      `${message.kind}: is ${bytes.byteLength} bytes, at most ${maxMessageBytes} are allowed`,
+    );
+  }
+  return bytes;
+}
+
+function readJson(kind: MessageKind, input: Uint8Array | string): unknown {
+  const size = typeof input === "string" ? Buffer.byteLength(input, "utf8") : input.byteLength;
+  if (size > maxMessageBytes) {
+    throw new ContractError(`${kind}: is ${size} bytes, at most ${maxMessageBytes} are allowed`);
+  }
+  let text: string;
+  if (typeof input === "string") {
+    text = input;
+  } else {
+    try {
+      text = utf8.decode(input);
+    } catch (error) {
+      throw new ContractError(`${kind}: is not valid UTF-8`, { cause: error });
+    }
+  }
+  try {
+    return JSON.parse(text) as unknown;
+  } catch (error) {
+    // The parser's own message quotes the input, which may hold a secret; the reason stays generic.
+    throw new ContractError(`${kind}: is not valid JSON`, { cause: error });
+  }
+}
+
+function describeIssues(kind: MessageKind, issues: readonly z.core.$ZodIssue[]): string {
+  const described = issues
+    .slice(0, issuesShown)
+    .map((issue) => `${renderPath(kind, issue.path)}: ${describe(issue)}`);
+  const more = issues.length - issuesShown;
+  return more > 0 ? `${described.join("; ")} (and ${more} more)` : described.join("; ");
+}
+
+/** Renders a path as a person would write it: `report.items[0].state`. */
+function renderPath(kind: MessageKind, path: readonly PropertyKey[]): string {
+  return path.reduce<string>((rendered, key) => {
+    if (typeof key === "number") return `${rendered}[${key}]`;
+    const name = String(key);
+    if (/^[A-Za-z_][A-Za-z0-9_]{0,63}$/.test(name)) return `${rendered}.${name}`;
+    return `${rendered}[${JSON.stringify(name.length > 64 ? `${name.slice(0, 64)}…` : name)}]`;
+  }, kind);
+}
+
+/** Says what is wrong in the mesh's words. It names types and rules, never the offending value, which may be secret. */
+function describe(issue: z.core.$ZodIssue): string {
+  switch (issue.code) {
+    case "invalid_type":
+      if (issue.input === undefined) return "required";
+      return `expected ${issue.expected === "int" ? "an integer" : issue.expected}, received ${typeName(issue.input)}`;
+    case "invalid_value":
+      return issue.values.length === 1
+        ? `expected ${String(issue.values[0])}`
+        : `expected one of ${issue.values.map(String).join("|")}`;
+    case "invalid_union":
+      if (issue.discriminator !== undefined && "options" in issue && issue.options !== undefined) {
+        return issue.input === undefined
+          ? "required"
+          : `expected one of ${issue.options.map(String).join("|")}`;
+      }
+      return "matches none of the allowed shapes";
+    case "unrecognized_keys": {
+      const names = issue.keys.slice(0, issuesShown).map((key) => JSON.stringify(key.slice(0, 64)));
+      return `unknown field${issue.keys.length === 1 ? "" : "s"} ${names.join(", ")}${issue.keys.length > issuesShown ? ", …" : ""}`;
+    }
+    case "too_small":
+      return describeBound("at least", issue.origin, issue.minimum, issue.inclusive !== false);
+    case "too_big":
+      return describeBound("at most", issue.origin, issue.maximum, issue.inclusive !== false);
+    case "invalid_key": {
+      const first = issue.issues[0];
+      return first === undefined ? "invalid key" : `invalid key: ${describe(first)}`;
+    }
+    case "invalid_element":
+    case "invalid_format":
+    case "not_multiple_of":
+    case "custom":
+      return issue.message;
+    default: {
+      const unexpected: never = issue;
+      return (unexpected as { message: string }).message;
+    }
+  }
+}
+
+function describeBound(
+  direction: string,
+  origin: string,
+  bound: number | bigint,
+  inclusive: boolean,
+): string {
+  const limit = inclusive
+    ? String(bound)
+    : `${direction === "at least" ? "more than" : "less than"} ${bound}`;
+  const shown = inclusive ? `${direction} ${limit}` : limit;
+  switch (origin) {
+    case "string":
+      return bound === 1 && direction === "at least" ? "must not be empty" : `must be ${shown} characters`;
+    case "array":
+      return `must hold ${shown} items`;
+    default:
+      return `must be ${shown}`;
+  }
+}
+
+function typeName(value: unknown): string {
+  if (value === null) return "null";
+  if (Array.isArray(value)) return "array";
+  return typeof value;
+}
