@@ -14,6 +14,7 @@ export {
   signingPublicKeyFromRaw,
   signingPublicKeyLength,
   signingPublicKeyOf,
+  signingPrivateKeyFromSeed,
   verify,
 } from "./signing.js";
 export type { SigningKeyPair } from "./signing.js";

@@ -130,3 +130,12 @@ function requireEd25519(key: KeyObject, type: "public" | "private"): void {
     );
   }
 }
+
+/** The PKCS#8 header of an Ed25519 private key; the 32-byte seed follows it. */
+const pkcs8Ed25519Header = Buffer.from("302e020100300506032b657004220420", "hex");
+
+/** An Ed25519 private key from its 32-byte seed (the form other key formats, such as NATS nkeys, keep). */
+export function signingPrivateKeyFromSeed(seed: Uint8Array): KeyObject {
+  if (seed.length !== 32) throw new KeyError(`an Ed25519 seed is 32 bytes, got ${seed.length}`);
+  return createPrivateKey({ key: Buffer.concat([pkcs8Ed25519Header, seed]), format: "der", type: "pkcs8" });
+}

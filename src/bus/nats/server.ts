@@ -1,0 +1,175 @@
+/**
+ * The embedded broker: a nats-server in operator mode, configured from the control plane's authority and run as a
+ * supervised child of `mesh up`. Its account JWTs are preloaded from the config file, so the file is rewritten
+ * whenever an account changes (revocations), keeping a restarted server in step with the running one.
+ */
+import { spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
+import { accessSync, constants, createWriteStream, mkdirSync, renameSync, writeFileSync } from "node:fs";
+import { createServer, connect as connectTcp } from "node:net";
+import { delimiter, join } from "node:path";
+import { MeshError } from "../../errors.js";
+
+export interface NatsServerConfig {
+  /** Where the config file, the JetStream store and the log go. */
+  dir: string;
+  host: string;
+  port: number;
+  operatorJwt: string;
+  systemAccount: string;
+  /** Account public key → account JWT, preloaded by the server's MEMORY resolver. */
+  accounts: Readonly<Record<string, string>>;
+}
+
+/** Writes the server's config file atomically and returns its path. */
+export function writeNatsServerConfig(config: NatsServerConfig): string {
+  mkdirSync(join(config.dir, "jetstream"), { recursive: true, mode: 0o700 });
+  const preload = Object.entries(config.accounts)
+    .map(([key, jwt]) => `  ${key}: "${jwt}"`)
+    .join("\n");
+  const text = [
+    "# Written by the mesh control plane; changes here are overwritten.",
+    `listen: "${config.host}:${config.port}"`,
+    `server_name: "mesh"`,
+    `jetstream { store_dir: ${JSON.stringify(join(config.dir, "jetstream"))} }`,
+    `operator: "${config.operatorJwt}"`,
+    `system_account: "${config.systemAccount}"`,
+    "resolver: MEMORY",
+    "resolver_preload: {",
+    preload,
+    "}",
+    "",
+  ].join("\n");
+  const path = join(config.dir, "nats-server.conf");
+  writeFileSync(`${path}.tmp`, text, { mode: 0o600 });
+  renameSync(`${path}.tmp`, path);
+  return path;
+}
+
+/** The nats-server binary: on PATH, or where Debian installs it. */
+export function findNatsServer(env: NodeJS.ProcessEnv = process.env): string {
+  const candidates = [
+    ...(env.PATH ?? "")
+      .split(delimiter)
+      .filter(Boolean)
+      .map((d) => join(d, "nats-server")),
+  ];
+  candidates.push("/usr/sbin/nats-server", "/usr/local/bin/nats-server");
+  for (const candidate of candidates) {
+    try {
+      accessSync(candidate, constants.X_OK);
+      return candidate;
+    } catch (error) {
+      if (
+        (error as NodeJS.ErrnoException).code !== "ENOENT" &&
+        (error as NodeJS.ErrnoException).code !== "EACCES"
+      ) {
+        throw error;
+      }
+    }
+  }
+  throw new MeshError(
+    "nats_server_missing",
+    "nats-server was not found on PATH or in /usr/sbin: install it (Debian: apt-get install nats-server)",
+  );
+}
+
+export interface RunningNatsServer {
+  url: string;
+  /** Resolves with the exit code when the server process ends, for whatever reason. */
+  exited: Promise<number | null>;
+  stop(): Promise<void>;
+}
+
+/** Starts nats-server on a written config and waits until it accepts connections. */
+export async function startNatsServer(
+  configPath: string,
+  listen: { host: string; port: number },
+  logPath: string,
+  timeoutMs = 15_000,
+): Promise<RunningNatsServer> {
+  const binary = findNatsServer();
+  const log = createWriteStream(logPath, { flags: "a" });
+  const child: ChildProcess = spawn(binary, ["-c", configPath], { stdio: ["ignore", "pipe", "pipe"] });
+  child.stdout?.pipe(log);
+  child.stderr?.pipe(log);
+  const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
+  const spawnFailed = new Promise<never>((_, reject) =>
+    child.once("error", (error) =>
+      reject(new MeshError("nats_server_start", `cannot start ${binary}`, { cause: error })),
+    ),
+  );
+  const stop = async () => {
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill("SIGTERM");
+      const timer = setTimeout(() => child.kill("SIGKILL"), 5000);
+      await exited;
+      clearTimeout(timer);
+    }
+    log.end();
+  };
+  try {
+    await Promise.race([
+      waitForPort(listen.host, listen.port, timeoutMs),
+      spawnFailed,
+      exited.then((code) => {
+        throw new MeshError(
+          "nats_server_start",
+          `nats-server exited with code ${code} at start; see ${logPath}`,
+        );
+      }),
+    ]);
+  } catch (error) {
+    await stop();
+    throw error;
+  }
+  return { url: `nats://${listen.host}:${listen.port}`, exited, stop };
+}
+
+export async function waitForPort(host: string, port: number, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (await portAnswers(host, port)) return;
+    if (Date.now() > deadline) {
+      throw new MeshError("timeout", `nothing answered on ${host}:${port} within ${timeoutMs} ms`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+function portAnswers(host: string, port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = connectTcp({ host, port });
+    socket.once("connect", () => {
+      socket.destroy();
+      resolve(true);
+    });
+    // A refused connection is the expected answer while the server is still starting.
+    socket.once("error", () => resolve(false));
+  });
+}
+
+/** Whether a port on this host can be listened on now. */
+export function portIsFree(host: string, port: number): Promise<boolean> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", (error: NodeJS.ErrnoException) => {
+      if (error.code === "EADDRINUSE" || error.code === "EACCES") resolve(false);
+      else reject(error);
+    });
+    server.listen(port, host, () => server.close(() => resolve(true)));
+  });
+}
+
+/** A port the system has free right now. */
+export function freePort(host = "127.0.0.1"): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, host, () => {
+      const address = server.address();
+      const port = typeof address === "object" && address !== null ? address.port : 0;
+      server.close(() => resolve(port));
+    });
+  });
+}

@@ -1,0 +1,46 @@
+/** A nats-server in operator mode on a free port with a temp dir, started from the mesh's own authority. */
+import { join } from "node:path";
+import type { NatsAuthority } from "../../src/bus/nats/authority.js";
+import {
+  accountJwt,
+  loadOrCreateAuthority,
+  operatorJwt,
+  systemAccountJwt,
+} from "../../src/bus/nats/authority.js";
+import type { RunningNatsServer } from "../../src/bus/nats/server.js";
+import { freePort, startNatsServer, writeNatsServerConfig } from "../../src/bus/nats/server.js";
+import { tempDir } from "./tmp.js";
+
+export interface OperatorServer {
+  authority: NatsAuthority;
+  server: RunningNatsServer;
+  url: string;
+  stop(): Promise<void>;
+}
+
+export async function startOperatorServer(): Promise<OperatorServer> {
+  const dir = tempDir("mesh-nats-");
+  const authority = loadOrCreateAuthority(join(dir.path, "keys"));
+  const port = await freePort();
+  const config = writeNatsServerConfig({
+    dir: join(dir.path, "server"),
+    host: "127.0.0.1",
+    port,
+    operatorJwt: await operatorJwt(authority),
+    systemAccount: authority.system.getPublicKey(),
+    accounts: {
+      [authority.account.getPublicKey()]: await accountJwt(authority),
+      [authority.system.getPublicKey()]: await systemAccountJwt(authority),
+    },
+  });
+  const server = await startNatsServer(config, { host: "127.0.0.1", port }, join(dir.path, "nats.log"));
+  return {
+    authority,
+    server,
+    url: server.url,
+    stop: async () => {
+      await server.stop();
+      dir.remove();
+    },
+  };
+}
