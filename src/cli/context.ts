@@ -9,6 +9,9 @@ import type { SigningIdentity } from "../keys/index.js";
 import { loadOrCreateSigningKey } from "../keys/index.js";
 import type { Store } from "../store/index.js";
 import { openStore } from "../store/index.js";
+import { openIdentities } from "../bus/index.js";
+import type { NatsBrokerIdentities } from "../bus/index.js";
+import { readBrokerRecord } from "../control/broker-record.js";
 
 /** The flags every `mesh` command shares. */
 export interface GlobalFlags {
@@ -31,6 +34,17 @@ export async function withStore<T>(options: MeshOptions, work: (store: Store) =>
   } finally {
     await store.close();
   }
+}
+
+/** The broker identities of this mesh, when a broker has been recorded (by `mesh up` or `mesh serve`). */
+export function recordedBroker(options: MeshOptions): NatsBrokerIdentities | undefined {
+  const record = readBrokerRecord(options.dataDir);
+  if (record === undefined) return undefined;
+  const embedded =
+    record.embedded === undefined
+      ? undefined
+      : { dir: join(options.dataDir, "nats", "server"), ...record.embedded };
+  return openIdentities(options.dataDir, record.url, embedded);
 }
 
 export function signingIdentity(options: MeshOptions): SigningIdentity {

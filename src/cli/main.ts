@@ -1,6 +1,8 @@
 /** `mesh`: the control plane and the operator's commands. */
 import { Command } from "commander";
+import { registerDeclareCommand } from "./declare.js";
 import { registerNodeCommands } from "./node.js";
+import { registerServeCommands } from "./up.js";
 import { runProgram } from "./run.js";
 import { registerTokenCommands } from "./token.js";
 import { meshVersion } from "./version.js";
@@ -14,6 +16,8 @@ export function meshProgram(): Command {
     .option("--out-of-touch-after <duration>", "silence after which a node is out of touch (default 45s)");
   registerTokenCommands(program);
   registerNodeCommands(program);
+  registerDeclareCommand(program);
+  registerServeCommands(program);
   return program;
 }
 

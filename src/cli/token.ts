@@ -5,8 +5,10 @@ import { issueToken, revokeToken } from "../control/tokens.js";
 import { MeshError, UsageError } from "../errors.js";
 import { nodeNameProblem } from "../link/index.js";
 import { tokenStatus } from "../store/index.js";
+import { BusError } from "../bus/index.js";
+import { currentRevocations } from "../control/revocations.js";
 import type { GlobalFlags } from "./context.js";
-import { optionsFrom, signingIdentity, withStore } from "./context.js";
+import { optionsFrom, recordedBroker, signingIdentity, withStore } from "./context.js";
 import { stdoutOutput } from "./output.js";
 
 const tokenId = /^tok_[0-9a-f]{12}$/;
@@ -29,9 +31,10 @@ export function registerTokenCommands(program: Command): void {
       const options = optionsFrom(globals);
       const ttlMs = flags.ttl === undefined ? options.tokenTtlMs : parseDuration(flags.ttl, "--ttl");
       const identity = signingIdentity(options);
+      const broker = recordedBroker(options);
       const issued = await withStore(options, (store) =>
-        issueToken(store, { node, ttlMs, fingerprint: identity.fingerprint, now: new Date() }),
-      );
+        issueToken(store, { node, ttlMs, fingerprint: identity.fingerprint, now: new Date(), broker }),
+      ).finally(() => broker?.close());
       const out = stdoutOutput(globals.json === true);
       if (out.json) {
         out.document({ node: issued.node, token: issued.token, expires_at: issued.expiresAt });
@@ -41,7 +44,11 @@ export function registerTokenCommands(program: Command): void {
       out.line("");
       out.line(`  ${issued.token}`);
       out.line("");
-      out.line("Check it on the machine:  mesh-host token show <token>");
+      out.line(
+        broker === undefined
+          ? "No broker is recorded yet (start one with `mesh up`); this token cannot join until then."
+          : "On the machine:  mesh-host join <token>",
+      );
       out.line("This is the only time the token is shown.");
     });
 
@@ -81,7 +88,10 @@ export function registerTokenCommands(program: Command): void {
       if (!tokenId.test(id))
         throw new UsageError(`"${id}" is not a token id (they look like tok_0123456789ab)`);
       const options = optionsFrom(globals);
-      const outcome = await withStore(options, (store) => revokeToken(store, id, new Date()));
+      const { outcome, revoked } = await withStore(options, async (store) => {
+        const outcome = await revokeToken(store, id, new Date());
+        return { outcome, revoked: await currentRevocations(store, new Date()) };
+      });
       switch (outcome) {
         case "unknown":
           throw new MeshError("token_unknown", `no token ${id}`);
@@ -94,6 +104,21 @@ export function registerTokenCommands(program: Command): void {
           throw new MeshError("internal", `unexpected revoke outcome ${String(unknown)}`);
         }
       }
+      // The broker must refuse the token's identity now, not only at its expiry. When the broker is not running,
+      // the control plane applies the same list when it starts.
+      const broker = recordedBroker(options);
+      let brokerNote: string | undefined;
+      if (broker !== undefined) {
+        await broker.revoke(revoked).then(
+          () => undefined,
+          (error: unknown) => {
+            if (!(error instanceof BusError)) throw error;
+            brokerNote = `the broker was not told (${error.message}); it refuses the token once the control plane starts`;
+          },
+        );
+        await broker.close();
+      }
+      if (brokerNote !== undefined) process.stderr.write(`mesh: ${brokerNote}\n`);
       const out = stdoutOutput(globals.json === true);
       if (out.json) out.document({ id, status: "revoked" });
       else out.line(`revoked ${id}`);

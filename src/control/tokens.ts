@@ -4,6 +4,7 @@
  * the real reason goes to the audit trail only.
  */
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
+import type { BrokerIdentities } from "../bus/index.js";
 import type { TokenRefusalReason } from "../errors.js";
 import { TokenRefused } from "../errors.js";
 import { assertNodeName, encodeToken } from "../link/index.js";
@@ -24,6 +25,8 @@ export interface IssueRequest {
   /** The control plane's signing-key fingerprint, which the node pins. */
   fingerprint: string;
   now: Date;
+  /** The broker the token joins through; without one the token carries no broker identity yet. */
+  broker?: BrokerIdentities | undefined;
 }
 
 export async function issueToken(store: Store, request: IssueRequest): Promise<IssuedToken> {
@@ -38,6 +41,10 @@ export async function issueToken(store: Store, request: IssueRequest): Promise<I
     createdAt: request.now.toISOString(),
     expiresAt,
   });
+  // The token's own broker identity: it may publish only this node's enrol and read only its replies, and the
+  // broker refuses it once the token expires.
+  const minted = await request.broker?.forToken({ id, node: request.node, expiresAt: new Date(expiresAt) });
+  if (minted !== undefined) await store.tokens.setBrokerCredential(id, JSON.stringify({ user: minted.user }));
   await store.events.record({
     at: request.now.toISOString(),
     kind: "token.issued",
@@ -50,7 +57,10 @@ export async function issueToken(store: Store, request: IssueRequest): Promise<I
     node: request.node,
     secret,
     fingerprint: request.fingerprint,
-    broker: null,
+    broker:
+      minted === undefined || request.broker === undefined
+        ? null
+        : { url: request.broker.url, credential: minted.credential },
     expires_at: expiresAt,
   });
   return { id, node: request.node, token, expiresAt };
@@ -102,6 +112,7 @@ export async function spendToken(store: Store, presented: PresentedToken, now: D
 
 export type RevokeOutcome = "revoked" | "unknown" | "already_ended";
 
+/** Revokes a token in the store. The caller then has the broker refuse its identity (see syncRevocations). */
 export async function revokeToken(store: Store, id: string, now: Date): Promise<RevokeOutcome> {
   const token = await store.tokens.find(id);
   if (token === undefined) return "unknown";

@@ -2,12 +2,14 @@
 import { Command } from "commander";
 import { runProgram } from "../cli/run.js";
 import { meshVersion } from "../cli/version.js";
+import { registerHostCommands } from "./commands.js";
 import { registerTokenShow } from "./token-show.js";
 
 export function hostProgram(): Command {
   const program = new Command("mesh-host")
     .description("the mesh's agent on a node")
     .version(meshVersion(), "-V, --version");
+  registerHostCommands(program);
   registerTokenShow(program);
   return program;
 }

@@ -18,6 +18,7 @@ export {
   inboxPrefix,
   isNodeName,
   meshExchange,
+  natsPattern,
   nodeNameProblem,
   nodeOfSubject,
   nodeQueue,
@@ -89,3 +90,4 @@ export type {
   ReportJudgement,
   ReportOrder,
 } from "./ordering.js";
+export { emptyDigest, itemsDigest } from "./digest.js";

@@ -56,6 +56,8 @@ const digest = z.string().regex(/^sha256:[0-9a-f]{64}$/, {
 
 const epoch = z.int().min(0);
 const sequence = z.int().min(1);
+/** In reports and alives, 0 means the node has applied no declaration yet. */
+const heldSequence = z.int().min(0);
 const reportSequence = z.int().min(0);
 
 /** A declared item's identity, `<type>:<name>`, e.g. `file:/etc/motd`; reports name items by it. */
@@ -195,7 +197,7 @@ export const reportSchema = z
     kind: z.literal("report"),
     node: nodeName,
     epoch: epoch.optional(),
-    sequence: sequence.optional(),
+    sequence: heldSequence.optional(),
     report_sequence: reportSequence.optional(),
     /** The digest of the declaration this report is about. */
     digest,
@@ -233,6 +235,11 @@ export const aliveSchema = z.object({
   node: nodeName,
   sent_at: timestamp,
   report_sequence: reportSequence.optional(),
+  /**
+   * The declaration the node holds (sequence 0: none yet). A node that was away when it was declared says so
+   * here, and the control plane sends it the latest one again.
+   */
+  holds: z.object({ epoch, sequence: heldSequence }).optional(),
 });
 
 /** Every message kind and its schema. */

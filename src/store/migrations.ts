@@ -96,7 +96,26 @@ const initial: NumberedMigration = (dialect) => ({
   },
 });
 
-const numbered: ReadonlyArray<[string, NumberedMigration]> = [["0001_initial", initial]];
+/** Per-node counters of refused messages, shown by `mesh node show`. */
+const counters: NumberedMigration = () => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema
+      .createTable("node_counters")
+      .addColumn("node", "text", (c) => c.notNull())
+      .addColumn("name", "text", (c) => c.notNull())
+      .addColumn("value", "integer", (c) => c.notNull())
+      .addPrimaryKeyConstraint("node_counters_pk", ["node", "name"])
+      .execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema.dropTable("node_counters").execute();
+  },
+});
+
+const numbered: ReadonlyArray<[string, NumberedMigration]> = [
+  ["0001_initial", initial],
+  ["0002_node_counters", counters],
+];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {
   return {

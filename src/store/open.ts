@@ -9,6 +9,7 @@ import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from "kysely";
 import pg from "pg";
 import { StoreError } from "../errors.js";
 import { AccountQueries } from "./accounts.js";
+import { CounterQueries } from "./counters.js";
 import { DeclarationQueries } from "./declarations.js";
 import { EpochQueries } from "./epochs.js";
 import { EventQueries } from "./events.js";
@@ -31,6 +32,7 @@ export class Store {
   readonly accounts: AccountQueries;
   readonly events: EventQueries;
   readonly epochs: EpochQueries;
+  readonly counters: CounterQueries;
 
   constructor(
     readonly dialect: Dialect,
@@ -43,6 +45,7 @@ export class Store {
     this.accounts = new AccountQueries(db, options.historyLimit);
     this.events = new EventQueries(db);
     this.epochs = new EpochQueries(db);
+    this.counters = new CounterQueries(db);
   }
 
   async close(): Promise<void> {

@@ -78,7 +78,15 @@ export interface ControllerEpochTable {
   holder: string;
 }
 
+export interface NodeCounterTable {
+  /** The node the counted messages named, or "*" when they named none that is valid. */
+  node: string;
+  name: string;
+  value: number;
+}
+
 export interface Database {
+  node_counters: NodeCounterTable;
   nodes: NodeTable;
   tokens: TokenTable;
   declarations: DeclarationTable;

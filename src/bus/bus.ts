@@ -1,0 +1,91 @@
+/**
+ * The Bus in the mesh's words. The control plane and the agent see only these interfaces; each broker has its
+ * adapter behind them, and nothing outside src/bus/ touches a broker client.
+ */
+
+/** A node-published message taken from the control queue. The node is the one its subject or routing names. */
+export interface ControlDelivery {
+  kind: "report" | "alive";
+  /**
+   * The node the broker says published it (the subject's node; on RabbitMQ the validated user), or undefined when
+   * the subject names no valid node — the handler refuses such a message.
+   */
+  node: string | undefined;
+  body: Uint8Array;
+  /** True when the broker delivers it again (the consumer died before acknowledging). */
+  redelivered: boolean;
+}
+
+/** What a handler decided: `done` acknowledges (also for refused input), `retry` asks for a later redelivery. */
+export type DeliveryOutcome = "done" | "retry";
+
+/** An enrolment request from a token's identity; the answer goes back to the requester alone. */
+export interface EnrolRequest {
+  node: string;
+  body: Uint8Array;
+}
+
+/** The answer to an enrolment, and what to do once it is on its way (revoking the token's identity, say). */
+export interface EnrolAnswer {
+  reply: Uint8Array;
+  afterReply?: () => Promise<void>;
+}
+
+/** The control plane's side of the broker. */
+export interface ControlBus {
+  /** Creates what the mesh needs on the broker (streams, queues, consumers). Idempotent. */
+  assert(): Promise<void>;
+  /** Answers enrolment requests as they come; returns when the subscription is in place. */
+  answerEnrolments(answer: (request: EnrolRequest) => Promise<EnrolAnswer>): Promise<void>;
+  /** Consumes the control queue until closed, one message at a time, acknowledging per the handler's outcome. */
+  consumeControl(handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>): Promise<void>;
+  /** Sends a signed declaration envelope straight to the node's own queue. */
+  publishDeclaration(node: string, envelope: Uint8Array): Promise<void>;
+  /** Announces a decision on `mesh.event.<kind>`. */
+  publishEvent(kind: string, body: Uint8Array): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** A node's side of the broker, on its own identity. */
+export interface NodeBus {
+  /** Delivers everything sent to the node's queue, in order, until closed. */
+  consumeNode(handle: (body: Uint8Array) => Promise<void>): Promise<void>;
+  /** Publishes a report durably: resolves once the broker has stored it. `id` lets the broker drop a repeat. */
+  publishReport(body: Uint8Array, id: string): Promise<void>;
+  publishAlive(body: Uint8Array): Promise<void>;
+  /** Resolves when the connection is closed for good (closed by us, or refused by the broker). */
+  closed(): Promise<Error | undefined>;
+  close(): Promise<void>;
+}
+
+/** A token's side of the broker: one question, one answer. */
+export interface EnrolmentBus {
+  ask(body: Uint8Array, timeoutMs: number): Promise<Uint8Array>;
+  close(): Promise<void>;
+}
+
+/** The broker identity a token carries: what `mesh-host join` connects with. */
+export type TokenCredential =
+  { type: "nats"; jwt: string; seed: string } | { type: "amqp"; username: string };
+
+/** The long-lived identity an enrolled node receives in the enrol reply. */
+export type NodeCredential =
+  { type: "nats"; jwt: string } | { type: "amqp"; username: string; password: string };
+
+/**
+ * Broker identities, compiled from the writers table: one per token (expiring with it), one per node, and their
+ * revocation. `user` is the broker's name for the identity, kept in the store so it can be revoked later.
+ */
+export interface BrokerIdentities {
+  readonly url: string;
+  forToken(token: {
+    id: string;
+    node: string;
+    expiresAt: Date;
+  }): Promise<{ user: string; credential: TokenCredential }>;
+  /** `nodeUser` is the broker user key the node made itself (NATS); brokers that name users themselves ignore it. */
+  forNode(node: string, nodeUser: string | undefined): Promise<{ user: string; credential: NodeCredential }>;
+  /** Makes the broker refuse exactly these users from now on (the full current set, user → since when). */
+  revoke(revoked: ReadonlyMap<string, Date>): Promise<void>;
+  close(): Promise<void>;
+}

@@ -1,0 +1,25 @@
+/** Broker failures in the mesh's words, with the client's error as the cause. */
+import { MeshError } from "../errors.js";
+
+export class BusError extends MeshError {
+  constructor(code: string, message: string, options?: { cause?: unknown }) {
+    super(code, message, options);
+    this.name = "BusError";
+  }
+}
+
+/** The broker refused who we are: an unknown, expired or revoked identity. */
+export class BrokerRefusedIdentity extends BusError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super("broker_refused_identity", message, options);
+    this.name = "BrokerRefusedIdentity";
+  }
+}
+
+/** Nobody answers on the other side: the control plane is not running. */
+export class NobodyAnswers extends BusError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super("nobody_answers", message, options);
+    this.name = "NobodyAnswers";
+  }
+}

@@ -1,0 +1,56 @@
+/** Connecting to NATS with a user JWT, with the client's failures turned into the mesh's errors. */
+import type { NatsConnection } from "@nats-io/transport-node";
+import { connect, jwtAuthenticator } from "@nats-io/transport-node";
+import { BrokerRefusedIdentity, BusError } from "../errors.js";
+
+export interface NatsIdentity {
+  jwt: string;
+  /** The user's nkey seed (`SU…`): it signs the server's challenge and never leaves the holder. */
+  seed: string;
+}
+
+export interface NatsConnectOptions {
+  url: string;
+  identity: NatsIdentity;
+  /** A name for the server's connection list. */
+  name: string;
+  /** Replies to this connection's requests arrive under this prefix (a node's or token's own reply space). */
+  inboxPrefix?: string;
+  /** Keep reconnecting forever (agents and servers) or fail at the first loss (one-shot commands). */
+  reconnect: boolean;
+  timeoutMs?: number;
+}
+
+export async function connectNats(options: NatsConnectOptions): Promise<NatsConnection> {
+  try {
+    return await connect({
+      servers: options.url,
+      name: options.name,
+      authenticator: jwtAuthenticator(options.identity.jwt, new TextEncoder().encode(options.identity.seed)),
+      timeout: options.timeoutMs ?? 5000,
+      ...(options.inboxPrefix === undefined ? {} : { inboxPrefix: options.inboxPrefix }),
+      ...(options.reconnect
+        ? { reconnect: true, maxReconnectAttempts: -1, reconnectTimeWait: 1000, reconnectJitter: 1000 }
+        : { reconnect: false }),
+    });
+  } catch (error) {
+    throw asBusError(error, options.url);
+  }
+}
+
+/** The mesh's reading of a NATS client error. */
+export function asBusError(error: unknown, url: string): BusError {
+  if (error instanceof BusError) return error;
+  const message = error instanceof Error ? error.message : String(error);
+  if (/authori[sz]ation|authentication|expired|revoked/i.test(message)) {
+    return new BrokerRefusedIdentity(`the broker at ${url} refused this identity: ${message}`, {
+      cause: error,
+    });
+  }
+  if (/ECONNREFUSED|ENOTFOUND|EHOSTUNREACH|timeout/i.test(message)) {
+    return new BusError("broker_unreachable", `cannot reach the broker at ${url}: ${message}`, {
+      cause: error,
+    });
+  }
+  return new BusError("broker", `broker error at ${url}: ${message}`, { cause: error });
+}

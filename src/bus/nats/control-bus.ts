@@ -1,0 +1,146 @@
+/**
+ * The control plane on NATS. Reports and alives land in a JetStream stream and are consumed through one durable
+ * consumer, so what nodes send while no control plane runs is processed when one returns. Enrolment is a plain
+ * request and reply: a joining node waits for an answer, so it needs a live control plane anyway, and a missing one
+ * shows at once as "no responders" rather than a timeout.
+ */
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
+import type { ConsumerMessages, JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
+import {
+  AckPolicy,
+  DeliverPolicy,
+  jetstream,
+  jetstreamManager,
+  RetentionPolicy,
+  StorageType,
+} from "@nats-io/jetstream";
+import { declarationSubject, eventSubject, natsPattern, readControlSubject } from "../../link/index.js";
+import type { Logger } from "../../log.js";
+import { errorText } from "../../log.js";
+import type { ControlBus, ControlDelivery, DeliveryOutcome, EnrolAnswer, EnrolRequest } from "../bus.js";
+import { BusError } from "../errors.js";
+
+export const controlStream = "MESH_CONTROL";
+export const controlConsumer = "control";
+const nanos = (ms: number) => ms * 1_000_000;
+
+export interface NatsControlBusOptions {
+  /** How long an unacknowledged message waits before redelivery. */
+  ackWaitMs: number;
+  /** How long an unprocessed node message is kept while no control plane runs. */
+  keepForMs: number;
+}
+
+export const defaultControlBusOptions: NatsControlBusOptions = {
+  ackWaitMs: 30_000,
+  keepForMs: 7 * 86_400_000,
+};
+
+export class NatsControlBus implements ControlBus {
+  private readonly js: JetStreamClient;
+  private enrolments: Subscription | undefined;
+  private messages: ConsumerMessages | undefined;
+
+  constructor(
+    private readonly nc: NatsConnection,
+    private readonly log: Logger,
+    private readonly options: NatsControlBusOptions = defaultControlBusOptions,
+  ) {
+    this.js = jetstream(nc);
+  }
+
+  async assert(): Promise<void> {
+    const jsm: JetStreamManager = await jetstreamManager(this.nc);
+    const stream = {
+      name: controlStream,
+      subjects: [natsPattern.toControl("report", "*"), natsPattern.toControl("alive", "*")],
+      // Work-queue retention: a message is gone once the control plane acknowledged it.
+      retention: RetentionPolicy.Workqueue,
+      storage: StorageType.File,
+      max_age: nanos(this.options.keepForMs),
+      // Reports carry an id; a repeat within this window is dropped by the server.
+      duplicate_window: nanos(120_000),
+    };
+    const existing = await jsm.streams.info(controlStream).then(
+      () => true,
+      (error: unknown) => {
+        if (isNotFound(error)) return false;
+        throw new BusError("broker", `cannot read stream ${controlStream}`, { cause: error });
+      },
+    );
+    if (existing) await jsm.streams.update(controlStream, stream);
+    else await jsm.streams.add(stream);
+    await jsm.consumers.add(controlStream, {
+      durable_name: controlConsumer,
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.All,
+      ack_wait: nanos(this.options.ackWaitMs),
+      max_ack_pending: 1024,
+    });
+  }
+
+  async answerEnrolments(answer: (request: EnrolRequest) => Promise<EnrolAnswer>): Promise<void> {
+    this.enrolments = this.nc.subscribe(natsPattern.toControl("enrol", "*"), {
+      callback: (error, msg) => {
+        if (error !== null) {
+          this.log.error("enrol.subscription_failed", { error: errorText(error) });
+          return;
+        }
+        const read = readControlSubject(msg.subject);
+        if (read === undefined) {
+          this.log.warn("enrol.stray_subject", { subject: msg.subject });
+          return;
+        }
+        const node = read.node;
+        answer({ node, body: msg.data })
+          .then(async ({ reply, afterReply }) => {
+            msg.respond(reply);
+            // The reply must reach the server before anything revokes the identity it is addressed to.
+            await this.nc.flush();
+            await afterReply?.();
+          })
+          .catch((failure: unknown) =>
+            this.log.error("enrol.answer_failed", { node, error: errorText(failure) }),
+          );
+      },
+    });
+    await this.nc.flush();
+  }
+
+  async consumeControl(handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>): Promise<void> {
+    const consumer = await this.js.consumers.get(controlStream, controlConsumer);
+    this.messages = await consumer.consume({ max_messages: 256 });
+    for await (const msg of this.messages) {
+      const read = readControlSubject(msg.subject);
+      const kind = msg.subject.startsWith("mesh.report.") ? "report" : "alive";
+      const outcome = await handle({
+        kind,
+        node: read?.node,
+        body: msg.data,
+        redelivered: msg.redelivered,
+      });
+      if (outcome === "done") msg.ack();
+      else msg.nak(1000);
+    }
+  }
+
+  async publishDeclaration(node: string, envelope: Uint8Array): Promise<void> {
+    this.nc.publish(declarationSubject(node), envelope);
+    await this.nc.flush();
+  }
+
+  async publishEvent(kind: string, body: Uint8Array): Promise<void> {
+    this.nc.publish(eventSubject(kind), body);
+    await Promise.resolve();
+  }
+
+  async close(): Promise<void> {
+    this.enrolments?.unsubscribe();
+    await this.messages?.close();
+    if (!this.nc.isClosed()) await this.nc.drain();
+  }
+}
+
+function isNotFound(error: unknown): boolean {
+  return error instanceof Error && /not found/i.test(error.message);
+}

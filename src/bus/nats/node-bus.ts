@@ -1,0 +1,111 @@
+/** A node on NATS: its own identity, its own subjects, and nothing else (the server enforces that). */
+import type { NatsConnection } from "@nats-io/transport-node";
+import type { JetStreamClient } from "@nats-io/jetstream";
+import { jetstream } from "@nats-io/jetstream";
+import { controlSubject, inboxPrefix, nodeSubjects } from "../../link/index.js";
+import type { EnrolmentBus, NodeBus } from "../bus.js";
+import { BusError, NobodyAnswers } from "../errors.js";
+import type { NatsIdentity } from "./connect.js";
+import { asBusError, connectNats } from "./connect.js";
+
+export class NatsNodeBus implements NodeBus {
+  private readonly js: JetStreamClient;
+
+  private constructor(
+    private readonly nc: NatsConnection,
+    private readonly node: string,
+  ) {
+    this.js = jetstream(nc);
+  }
+
+  /** Connects as the node; the connection reconnects by itself after any outage. */
+  static async open(url: string, node: string, identity: NatsIdentity): Promise<NatsNodeBus> {
+    const nc = await connectNats({
+      url,
+      identity,
+      name: `mesh-host ${node}`,
+      inboxPrefix: inboxPrefix(node),
+      reconnect: true,
+    });
+    return new NatsNodeBus(nc, node);
+  }
+
+  async consumeNode(handle: (body: Uint8Array) => Promise<void>): Promise<void> {
+    const subscription = this.nc.subscribe(nodeSubjects(this.node));
+    await this.nc.flush();
+    for await (const msg of subscription) {
+      // Replies to our own requests share the node's subjects; they are answered elsewhere.
+      if (msg.subject.startsWith(`${inboxPrefix(this.node)}.`)) continue;
+      await handle(msg.data);
+    }
+  }
+
+  async publishReport(body: Uint8Array, id: string): Promise<void> {
+    try {
+      await this.js.publish(controlSubject("report", this.node), body, { msgID: id, timeout: 5000 });
+    } catch (error) {
+      throw asBusError(error, "the report stream");
+    }
+  }
+
+  async publishAlive(body: Uint8Array): Promise<void> {
+    // An alive that is lost is replaced by the next one; it is not worth waiting for the stream's answer.
+    this.nc.publish(controlSubject("alive", this.node), body);
+    await Promise.resolve();
+  }
+
+  async closed(): Promise<Error | undefined> {
+    const result = await this.nc.closed();
+    return result instanceof Error ? asBusError(result, "the broker") : undefined;
+  }
+
+  async close(): Promise<void> {
+    if (!this.nc.isClosed()) await this.nc.close();
+  }
+}
+
+/** A joining node's one question, asked with the token's identity. */
+export class NatsEnrolmentBus implements EnrolmentBus {
+  private constructor(
+    private readonly nc: NatsConnection,
+    private readonly node: string,
+    private readonly url: string,
+  ) {}
+
+  static async open(url: string, node: string, identity: NatsIdentity): Promise<NatsEnrolmentBus> {
+    const nc = await connectNats({
+      url,
+      identity,
+      name: `mesh-host join ${node}`,
+      inboxPrefix: inboxPrefix(node),
+      reconnect: false,
+    });
+    return new NatsEnrolmentBus(nc, node, url);
+  }
+
+  async ask(body: Uint8Array, timeoutMs: number): Promise<Uint8Array> {
+    try {
+      const reply = await this.nc.request(controlSubject("enrol", this.node), body, { timeout: timeoutMs });
+      return reply.data;
+    } catch (error) {
+      const message = error instanceof Error ? error.message : String(error);
+      if (/no responders/i.test(message) || (error as { name?: string }).name === "NoRespondersError") {
+        throw new NobodyAnswers(`no control plane is answering at ${this.url}`, { cause: error });
+      }
+      if (/timeout/i.test(message)) {
+        throw new BusError(
+          "timeout",
+          `the control plane at ${this.url} did not answer within ${timeoutMs} ms`,
+          {
+            cause: error,
+          },
+        );
+      }
+      throw asBusError(error, this.url);
+    }
+  }
+
+  async close(): Promise<void> {
+    if (!this.nc.isClosed()) await this.nc.close();
+  }
+}

@@ -1,0 +1,55 @@
+/** `mesh declare <node> -f FILE`: what a node should hold, signed and sent to its queue. */
+import { readFileSync } from "node:fs";
+import type { Command } from "commander";
+import { openControlSide } from "../bus/index.js";
+import { readBrokerRecord } from "../control/broker-record.js";
+import { declare, parseDeclarationFile } from "../control/declarations.js";
+import { MeshError, UsageError } from "../errors.js";
+import { nodeNameProblem } from "../link/index.js";
+import { createLogger } from "../log.js";
+import type { GlobalFlags } from "./context.js";
+import { optionsFrom, signingIdentity, withStore } from "./context.js";
+import { stdoutOutput } from "./output.js";
+
+export function registerDeclareCommand(program: Command): void {
+  program
+    .command("declare")
+    .description(
+      "declare what a node should hold: files, from YAML or JSON {files: [{path, content, mode?}]}",
+    )
+    .argument("<node>", "the node's name")
+    .requiredOption("-f, --file <file>", "the declaration file (YAML or JSON)")
+    .option("--json", 'print {"node","sequence","epoch"}')
+    .action(async (node: string, flags: { file: string }, command: Command) => {
+      const globals = command.optsWithGlobals<GlobalFlags>();
+      const problem = nodeNameProblem(node);
+      if (problem !== undefined) throw new UsageError(`"${node}" is not a node name`);
+      let text: string;
+      try {
+        text = readFileSync(flags.file, "utf8");
+      } catch (error) {
+        throw new UsageError(`cannot read ${flags.file}: ${(error as Error).message}`, { cause: error });
+      }
+      const files = parseDeclarationFile(text, flags.file);
+      const options = optionsFrom(globals);
+      const record = readBrokerRecord(options.dataDir);
+      if (record === undefined) {
+        throw new MeshError(
+          "no_broker",
+          "no broker is recorded for this mesh: start it with `mesh up` or `mesh serve`",
+        );
+      }
+      const side = await openControlSide(options.dataDir, record.url, createLogger({ level: "warn" }));
+      const signing = signingIdentity(options);
+      // The lease does not exist yet: every declaration is composed under epoch 0.
+      const sent = await withStore(options, (store) =>
+        declare({ store, signing, bus: side.bus, now: () => new Date() }, node, files, 0),
+      ).finally(() => side.close());
+      const out = stdoutOutput(globals.json === true);
+      if (out.json) out.document({ node: sent.node, sequence: sent.sequence, epoch: sent.epoch });
+      else
+        out.line(
+          `declared ${sent.node}: sequence ${sent.sequence}, epoch ${sent.epoch}, ${files.length} file(s)`,
+        );
+    });
+}

@@ -1,0 +1,152 @@
+/**
+ * `mesh up`: everything local on the embedded defaults — the mesh's own nats-server (operator mode, JetStream in
+ * the data dir, 127.0.0.1) as a supervised child, and the control plane in this process. `mesh serve`: the control
+ * plane alone, against a broker that already runs (`mesh broker config` prints what that broker needs).
+ */
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import type { Command } from "commander";
+import type { EmbeddedServer } from "../bus/index.js";
+import { freePort, openIdentities, portIsFree, startNatsServer } from "../bus/index.js";
+import { brokerConfigFragment } from "../bus/index.js";
+import type { BrokerRecord } from "../control/broker-record.js";
+import { readBrokerRecord, writeBrokerRecord } from "../control/broker-record.js";
+import { currentRevocations } from "../control/revocations.js";
+import { serve } from "../control/serve.js";
+import { MeshError, UsageError } from "../errors.js";
+import { createLogger, errorText } from "../log.js";
+import type { GlobalFlags } from "./context.js";
+import { optionsFrom, withStore } from "./context.js";
+
+const host = "127.0.0.1";
+const defaultNatsPort = 4222;
+
+export function registerServeCommands(program: Command): void {
+  program
+    .command("up")
+    .description("run a whole mesh locally: its own nats-server and the control plane")
+    .option(
+      "--nats-port <port>",
+      "the broker's port (0: any free port; default 4222 if free on the first run)",
+    )
+    .action(async (flags: { natsPort?: string }, command: Command) => {
+      const options = optionsFrom(command.optsWithGlobals<GlobalFlags>());
+      const wanted = flags.natsPort === undefined ? undefined : parsePort(flags.natsPort);
+      mkdirSync(options.dataDir, { recursive: true, mode: 0o700 });
+      const log = createLogger({});
+      const embedded = await choosePort(options.dataDir, wanted);
+      const url = `nats://${embedded.host}:${embedded.port}`;
+      writeBrokerRecord(options.dataDir, { url, embedded: { host: embedded.host, port: embedded.port } });
+
+      const identities = openIdentities(options.dataDir, url, embedded);
+      const revoked = await withStore(options, (store) => currentRevocations(store, new Date()));
+      const config = await identities.writeServerConfig(revoked);
+      const server = await startNatsServer(config, embedded, join(embedded.dir, "nats-server.log"));
+      let plane;
+      try {
+        plane = await serve({ options, brokerUrl: url, embedded, log });
+      } catch (error) {
+        await server.stop();
+        throw error;
+      }
+      process.stdout.write(
+        `The mesh is up.\n  broker  ${url} (nats-server, data in ${embedded.dir})\n  data    ${options.dataDir}\n\n` +
+          `Let a machine in:  npx mesh token issue <node-name>\n`,
+      );
+      await runUntilStopped(log, plane, server.exited, () => server.stop());
+    });
+
+  program
+    .command("serve")
+    .description("run the control plane against a broker that already runs")
+    .requiredOption("--broker <url>", "the broker, e.g. nats://127.0.0.1:4222")
+    .action(async (flags: { broker: string }, command: Command) => {
+      const options = optionsFrom(command.optsWithGlobals<GlobalFlags>());
+      mkdirSync(options.dataDir, { recursive: true, mode: 0o700 });
+      const recorded = readBrokerRecord(options.dataDir);
+      if (recorded?.url !== flags.broker) writeBrokerRecord(options.dataDir, { url: flags.broker });
+      const log = createLogger({});
+      const plane = await serve({ options, brokerUrl: flags.broker, log });
+      await runUntilStopped(log, plane, new Promise<never>(() => undefined), () => Promise.resolve());
+    });
+
+  const broker = program.command("broker").description("the broker the mesh runs on");
+  broker
+    .command("config")
+    .description("print the nats-server config fragment this mesh needs (operator mode, its accounts)")
+    .option("--json", "print {operator, system_account, resolver_preload}")
+    .action(async (flags: { json?: boolean }, command: Command) => {
+      const options = optionsFrom(command.optsWithGlobals<GlobalFlags>());
+      const revoked = await withStore(options, (store) => currentRevocations(store, new Date()));
+      const fragment = await brokerConfigFragment(options.dataDir, revoked);
+      if (flags.json === true) {
+        process.stdout.write(
+          `${JSON.stringify({ operator: fragment.operatorJwt, system_account: fragment.systemAccount, resolver_preload: fragment.accounts }, null, 2)}\n`,
+        );
+        return;
+      }
+      const preload = Object.entries(fragment.accounts)
+        .map(([key, jwt]) => `  ${key}: "${jwt}"`)
+        .join("\n");
+      process.stdout.write(
+        `# nats-server config for this mesh (JetStream must be enabled too)\noperator: "${fragment.operatorJwt}"\n` +
+          `system_account: "${fragment.systemAccount}"\nresolver: MEMORY\nresolver_preload: {\n${preload}\n}\n`,
+      );
+    });
+}
+
+function parsePort(text: string): number {
+  const port = /^\d+$/.test(text) ? Number(text) : Number.NaN;
+  if (!Number.isInteger(port) || port < 0 || port > 65_535) {
+    throw new UsageError(`--nats-port: "${text}" is not a port number (0 to 65535)`);
+  }
+  return port;
+}
+
+/** The port chosen on the first run is kept: enrolled nodes hold that address. */
+async function choosePort(dataDir: string, wanted: number | undefined): Promise<EmbeddedServer> {
+  const dir = join(dataDir, "nats", "server");
+  const recorded: BrokerRecord | undefined = readBrokerRecord(dataDir);
+  if (wanted === undefined && recorded?.embedded !== undefined) {
+    const { port } = recorded.embedded;
+    if (!(await portIsFree(host, port))) {
+      throw new MeshError(
+        "port_taken",
+        `port ${port}, where this mesh's nodes reach the broker, is taken; free it, or move with --nats-port (enrolled nodes then need new tokens)`,
+      );
+    }
+    return { dir, host, port };
+  }
+  if (wanted !== undefined && wanted !== 0) {
+    if (!(await portIsFree(host, wanted)))
+      throw new MeshError("port_taken", `--nats-port ${wanted}: the port is taken`);
+    return { dir, host, port: wanted };
+  }
+  if (wanted === undefined && (await portIsFree(host, defaultNatsPort)))
+    return { dir, host, port: defaultNatsPort };
+  return { dir, host, port: await freePort(host) };
+}
+
+async function runUntilStopped(
+  log: ReturnType<typeof createLogger>,
+  plane: { done: Promise<void>; stop(): Promise<void> },
+  brokerExited: Promise<number | null>,
+  stopBroker: () => Promise<void>,
+): Promise<void> {
+  const signalled = new Promise<string>((resolve) => {
+    process.once("SIGINT", () => resolve("SIGINT"));
+    process.once("SIGTERM", () => resolve("SIGTERM"));
+  });
+  const reason = await Promise.race([
+    signalled,
+    brokerExited.then((code) => `broker exited (${code})`),
+    plane.done.then(
+      () => "control queue closed",
+      (error: unknown) => `control plane failed: ${errorText(error)}`,
+    ),
+  ]);
+  log.info("mesh.stopping", { reason });
+  await plane.stop();
+  await stopBroker();
+  if (!reason.startsWith("SIG")) throw new MeshError("stopped", `the mesh stopped: ${reason}`);
+}

@@ -1,0 +1,103 @@
+/**
+ * Enrolment: a node presents its token (on a connection the broker already authenticated with the token's own
+ * identity) and the public halves of the keys it made itself. The token is spent once; the node's claimed name is
+ * never trusted — the token's node record wins and the reply says so. The node receives its own broker identity,
+ * and the token's identity is revoked, because a credential meant for one use must not live as long as the node.
+ */
+import type { BrokerIdentities, EnrolAnswer, EnrolRequest } from "../bus/index.js";
+import { TokenRefused } from "../errors.js";
+import type { SigningIdentity } from "../keys/index.js";
+import { encodeSigningPublicKey } from "../keys/index.js";
+import type { EnrolReply } from "../link/index.js";
+import { ContractError, encodeMessage, nodeQueue, parseEnrol } from "../link/index.js";
+import type { Logger } from "../log.js";
+import { errorText } from "../log.js";
+import type { Store } from "../store/index.js";
+import { currentRevocations } from "./revocations.js";
+import { spendToken } from "./tokens.js";
+
+export interface EnrolmentContext {
+  store: Store;
+  broker: BrokerIdentities;
+  signing: SigningIdentity;
+  log: Logger;
+  now: () => Date;
+  /** Sends a node its latest declaration, if it has one (a machine rebuilt and enrolled again). */
+  resendLatest: (node: string) => Promise<void>;
+}
+
+export async function answerEnrolment(
+  context: EnrolmentContext,
+  request: EnrolRequest,
+): Promise<EnrolAnswer> {
+  const { store, log } = context;
+  const now = context.now();
+  const refuse = (reason: string): EnrolAnswer => ({
+    reply: encodeMessage({ kind: "enrol_reply", accepted: false, reason }),
+  });
+
+  let enrol;
+  try {
+    enrol = parseEnrol(request.body);
+  } catch (error) {
+    if (!(error instanceof ContractError)) throw error;
+    log.warn("enrol.malformed", { node: request.node, reason: error.reason });
+    await store.events.record({
+      at: now.toISOString(),
+      kind: "enrol.malformed",
+      node: null,
+      epoch: null,
+      detail: { subject_node: request.node, reason: error.reason },
+    });
+    return refuse(`enrolment refused: ${error.reason}`);
+  }
+
+  let token;
+  try {
+    token = await spendToken(store, { id: enrol.token_id, secret: enrol.secret, node: request.node }, now);
+  } catch (error) {
+    if (!(error instanceof TokenRefused)) throw error;
+    log.warn("enrol.token_refused", { node: request.node, reason: error.reason });
+    return refuse(TokenRefused.text);
+  }
+
+  try {
+    const node = token.node;
+    const identity = await context.broker.forNode(node, enrol.keys.broker_user);
+    await store.nodes.enrol(node, {
+      signingKey: enrol.keys.signing,
+      overlayKey: enrol.keys.overlay,
+      brokerUser: identity.user,
+      profile: JSON.stringify({ ...enrol.profile, agent_version: enrol.agent_version }),
+      at: now.toISOString(),
+    });
+    await store.events.record({
+      at: now.toISOString(),
+      kind: "node.enrolled",
+      node,
+      epoch: null,
+      detail: { token: token.id, claimed_name: enrol.node, broker_user: identity.user },
+    });
+    log.info("node.enrolled", { node, claimed_name: enrol.node });
+    const reply: EnrolReply = {
+      kind: "enrol_reply",
+      accepted: true,
+      node,
+      queue: nodeQueue(node),
+      broker: { url: context.broker.url, credential: identity.credential },
+      signing_key: encodeSigningPublicKey(context.signing.publicKey),
+      fingerprint: context.signing.fingerprint,
+    };
+    return {
+      reply: encodeMessage(reply),
+      afterReply: async () => {
+        await context.broker.revoke(await currentRevocations(store, context.now()));
+        await context.resendLatest(node);
+      },
+    };
+  } catch (error) {
+    // The token is spent by now; say so plainly rather than leave the node waiting.
+    log.error("enrol.failed", { node: token.node, error: errorText(error) });
+    return refuse(`enrolment failed on the control plane after the token was accepted: ${errorText(error)}`);
+  }
+}

@@ -1,0 +1,46 @@
+/**
+ * Watches liveness and logs each crossing of the out-of-touch threshold once, in each direction. The ordinary case
+ * — a node that stays here — is never logged.
+ */
+import type { Logger } from "../log.js";
+import type { Store } from "../store/index.js";
+import { livenessOf } from "./liveness.js";
+import type { Liveness } from "./liveness.js";
+
+export class LivenessWatch {
+  private readonly known = new Map<string, Liveness>();
+
+  constructor(
+    private readonly store: Store,
+    private readonly log: Logger,
+    private readonly outOfTouchAfterMs: number,
+    private readonly now: () => Date,
+  ) {}
+
+  async check(): Promise<void> {
+    const now = this.now();
+    for (const node of await this.store.nodes.list()) {
+      if (node.state !== "enrolled") continue;
+      const reading = livenessOf(node.lastSeen, now, this.outOfTouchAfterMs);
+      const before = this.known.get(node.name);
+      this.known.set(node.name, reading.liveness);
+      if (before === reading.liveness) continue;
+      if (reading.liveness === "out_of_touch") {
+        this.log.warn("node.out_of_touch", { node: node.name, silent_for_s: reading.outOfTouchForS });
+        await this.record("node.out_of_touch", node.name, { silent_for_s: reading.outOfTouchForS }, now);
+      } else if (reading.liveness === "here" && before === "out_of_touch") {
+        this.log.info("node.back_in_touch", { node: node.name });
+        await this.record("node.back_in_touch", node.name, {}, now);
+      }
+    }
+  }
+
+  private async record(
+    kind: string,
+    node: string,
+    detail: Record<string, unknown>,
+    now: Date,
+  ): Promise<void> {
+    await this.store.events.record({ at: now.toISOString(), kind, node, epoch: null, detail });
+  }
+}

@@ -1,0 +1,30 @@
+/**
+ * Which broker identities must be refused now, derived from the store so every process computes the same set:
+ * the identity of every token that was spent or revoked (until its own expiry makes the broker refuse it anyway)
+ * and the identity of every retired node.
+ */
+import type { Store } from "../store/index.js";
+
+export async function currentRevocations(store: Store, now: Date): Promise<Map<string, Date>> {
+  const revoked = new Map<string, Date>();
+  for (const token of await store.tokens.list()) {
+    const ended = token.spentAt ?? token.revokedAt;
+    if (token.brokerCredential === null || ended === null) continue;
+    if (token.expiresAt <= now.toISOString()) continue;
+    revoked.set(brokerUserOf(token.brokerCredential), new Date(ended));
+  }
+  for (const node of await store.nodes.list()) {
+    if (node.state === "retired" && node.brokerUser !== null && node.retiredAt !== null) {
+      revoked.set(node.brokerUser, new Date(node.retiredAt));
+    }
+  }
+  return revoked;
+}
+
+/** The broker user kept for a token: `{"user": "..."}` as written at issue time. */
+export function brokerUserOf(credential: string): string {
+  const parsed = JSON.parse(credential) as { user?: unknown };
+  if (typeof parsed.user !== "string")
+    throw new Error(`a token's broker credential names no user: ${credential}`);
+  return parsed.user;
+}

@@ -1,0 +1,98 @@
+/**
+ * A control plane process: answers enrolments, consumes the control queue, keeps `last_seen` in batches and
+ * watches liveness, until stopped.
+ */
+import type { EmbeddedServer } from "../bus/index.js";
+import { openControlSide } from "../bus/index.js";
+import type { MeshOptions } from "../config/options.js";
+import { loadOrCreateSigningKey } from "../keys/index.js";
+import type { Logger } from "../log.js";
+import { errorText } from "../log.js";
+import { openStore } from "../store/index.js";
+import { join } from "node:path";
+import { resendLatest } from "./declarations.js";
+import { answerEnrolment } from "./enrolment.js";
+import { Ingest } from "./ingest.js";
+import { LivenessWatch } from "./liveness-watch.js";
+import { currentRevocations } from "./revocations.js";
+
+export interface ServeSettings {
+  options: MeshOptions;
+  brokerUrl: string;
+  embedded?: EmbeddedServer;
+  log: Logger;
+  /** How often batched `last_seen` times are written. */
+  flushEveryMs?: number;
+  /** How often liveness is checked for crossings. */
+  livenessEveryMs?: number;
+  resendAfterMs?: number;
+}
+
+export interface RunningControlPlane {
+  /** Settles when the control queue stops being consumed (rejects on a failure). */
+  done: Promise<void>;
+  stop(): Promise<void>;
+}
+
+export async function serve(settings: ServeSettings): Promise<RunningControlPlane> {
+  const { options, log } = settings;
+  const now = () => new Date();
+  const store = await openStore(options.storeUrl, { historyLimit: options.historyLimit });
+  const signing = loadOrCreateSigningKey(join(options.dataDir, "keys"));
+  const side = await openControlSide(options.dataDir, settings.brokerUrl, log, settings.embedded);
+  await side.bus.assert();
+  // The broker may have restarted from an older preload; bring its revocations up to date first.
+  await side.identities.revoke(await currentRevocations(store, now()));
+
+  await side.bus.answerEnrolments((request) =>
+    answerEnrolment(
+      {
+        store,
+        broker: side.identities,
+        signing,
+        log,
+        now,
+        resendLatest: async (node) => {
+          await resendLatest(store, side.bus, node);
+        },
+      },
+      request,
+    ),
+  );
+  const ingest = new Ingest({
+    store,
+    bus: side.bus,
+    log,
+    now,
+    resendAfterMs: settings.resendAfterMs ?? 5000,
+  });
+  const watch = new LivenessWatch(store, log, options.outOfTouchAfterMs, now);
+  const repeat = (what: string, everyMs: number, work: () => Promise<void>) =>
+    setInterval(() => {
+      work().catch((error: unknown) => log.error(`${what}.failed`, { error: errorText(error) }));
+    }, everyMs);
+  const timers = [
+    repeat("last_seen.flush", settings.flushEveryMs ?? 1000, () => ingest.flush()),
+    repeat("liveness.check", settings.livenessEveryMs ?? 5000, () => watch.check()),
+  ];
+  const done = side.bus.consumeControl((delivery) => ingest.handle(delivery));
+  log.info("control.serving", {
+    broker: settings.brokerUrl,
+    store: options.storeUrl.replace(/:[^:@/]*@/, ":***@"),
+  });
+
+  let stopped = false;
+  return {
+    done,
+    stop: async () => {
+      if (stopped) return;
+      stopped = true;
+      for (const timer of timers) clearInterval(timer);
+      await side.close();
+      await done.catch((error: unknown) => log.warn("control.consume_ended", { error: errorText(error) }));
+      await ingest.flush();
+      await store.close();
+      log.info("control.stopped");
+    },
+  };
+}

@@ -1,0 +1,197 @@
+/**
+ * `mesh-host run`: the agent. It connects with the node's own identity and never needs a person again: the
+ * connection reconnects by itself; every declaration is verified against the pinned key over the bytes received,
+ * checked for its node and its order, applied, and reported; refusals are reported too; an alive goes out every
+ * interval saying which declaration the node holds.
+ */
+import { join } from "node:path";
+import type { NodeBus } from "../bus/index.js";
+import { BrokerRefusedIdentity, openNodeSide } from "../bus/index.js";
+import { MeshError } from "../errors.js";
+import { decodeSigningPublicKey, openDeclaration } from "../keys/index.js";
+import type { Declaration, Report } from "../link/index.js";
+import {
+  emptyDigest,
+  encodeMessage,
+  parseDeclarationBytes,
+  parseDeclarationEnvelope,
+} from "../link/index.js";
+import type { Logger } from "../log.js";
+import { errorText } from "../log.js";
+import { FileApplier } from "./file-applier.js";
+import { brokerSeedFile } from "./join.js";
+import type { HostIdentity } from "./state.js";
+import { HostState } from "./state.js";
+
+export interface AgentSettings {
+  stateDir: string;
+  root: string;
+  aliveEveryMs: number;
+  log: Logger;
+}
+
+/** The items of the last report, kept so a refusal still says what the machine holds. */
+const heldItemsFile = "held-items.json";
+
+export class Agent {
+  private readonly state: HostState;
+  private readonly identity: HostIdentity;
+  private readonly applier: FileApplier;
+  private bus: NodeBus | undefined;
+  private aliveTimer: NodeJS.Timeout | undefined;
+  /** Declarations are handled one at a time, in the order they arrive. */
+  private queue: Promise<void> = Promise.resolve();
+
+  constructor(private readonly settings: AgentSettings) {
+    this.state = new HostState(settings.stateDir);
+    const identity = this.state.loadIdentity();
+    if (identity === undefined) {
+      throw new MeshError(
+        "not_joined",
+        `this machine has not joined a mesh (no identity in ${settings.stateDir})`,
+      );
+    }
+    this.identity = identity;
+    this.applier = new FileApplier(settings.root, join(settings.stateDir, "file-applier.json"));
+  }
+
+  get node(): string {
+    return this.identity.node;
+  }
+
+  /** Runs until stopped or until the broker refuses the node's identity (it was retired). */
+  async run(): Promise<void> {
+    const seed = this.state.loadSecret(brokerSeedFile);
+    const bus = await openNodeSide(
+      this.identity.broker.url,
+      this.node,
+      this.identity.broker.credential,
+      seed,
+    );
+    this.bus = bus;
+    const consuming = bus.consumeNode((body) => this.enqueue(body));
+    await this.sayAlive();
+    this.aliveTimer = setInterval(() => void this.sayAlive(), this.settings.aliveEveryMs);
+    this.settings.log.info("agent.running", { node: this.node, broker: this.identity.broker.url });
+    const closed = await bus.closed();
+    clearInterval(this.aliveTimer);
+    await consuming;
+    if (closed instanceof BrokerRefusedIdentity) throw closed;
+    if (closed !== undefined) throw closed;
+  }
+
+  async stop(): Promise<void> {
+    clearInterval(this.aliveTimer);
+    await this.queue;
+    await this.bus?.close();
+  }
+
+  private enqueue(body: Uint8Array): Promise<void> {
+    this.queue = this.queue.then(
+      () => this.handle(body),
+      () => this.handle(body),
+    );
+    return this.queue;
+  }
+
+  private async sayAlive(): Promise<void> {
+    const applied = this.state.lastApplied();
+    const alive = encodeMessage({
+      kind: "alive",
+      node: this.node,
+      sent_at: new Date().toISOString(),
+      holds: { epoch: applied?.epoch ?? 0, sequence: applied?.sequence ?? 0 },
+    });
+    await this.bus
+      ?.publishAlive(alive)
+      .catch((error: unknown) => this.settings.log.warn("agent.alive_failed", { error: errorText(error) }));
+  }
+
+  /** Verifies before it parses: the signature covers the bytes as received, never a re-encoding of them. */
+  async handle(body: Uint8Array): Promise<void> {
+    let declaration: Declaration;
+    try {
+      const envelope = parseDeclarationEnvelope(body);
+      const bytes = openDeclaration(envelope, decodeSigningPublicKey(this.identity.signing_key));
+      declaration = parseDeclarationBytes(bytes);
+    } catch (error) {
+      return this.refuse(`declaration refused: ${errorText(error)}`);
+    }
+    if (declaration.node !== this.node) {
+      return this.refuse(`declaration refused: it is for node ${declaration.node}, this is ${this.node}`);
+    }
+    const last = this.state.lastApplied();
+    if (last !== undefined && declaration.epoch < last.epoch) {
+      return this.refuse(
+        `declaration refused: epoch ${declaration.epoch} is older than ${last.epoch}, the last applied`,
+      );
+    }
+    if (last !== undefined && declaration.epoch === last.epoch && declaration.sequence <= last.sequence) {
+      return this.refuse(
+        `declaration refused: sequence ${declaration.sequence} is not newer than ${last.sequence}, the last applied`,
+      );
+    }
+    const items = await this.applier.apply(declaration.items.filter((item) => item.type === "file"));
+    const failed = items.filter((item) => item.state === "failed");
+    this.state.recordApplied({
+      epoch: declaration.epoch,
+      sequence: declaration.sequence,
+      digest: declaration.digest,
+    });
+    this.state.saveSecret(heldItemsFile, JSON.stringify(items));
+    await this.report({
+      epoch: declaration.epoch,
+      sequence: declaration.sequence,
+      digest: declaration.digest,
+      outcome: failed.length === 0 ? "applied" : "failed",
+      ...(failed.length === 0 ? {} : { reason: `${failed.length} of ${items.length} item(s) failed` }),
+      items,
+    });
+    this.settings.log.info("agent.applied", {
+      sequence: declaration.sequence,
+      epoch: declaration.epoch,
+      failed: failed.length,
+    });
+  }
+
+  /** A refusal is reported with what the machine still holds, so the recovery copy never loses it. */
+  private async refuse(reason: string): Promise<void> {
+    this.settings.log.warn("agent.refused", { reason });
+    const last = this.state.lastApplied();
+    const held = this.state.loadSecret(heldItemsFile);
+    await this.report({
+      epoch: last?.epoch ?? 0,
+      sequence: last?.sequence ?? 0,
+      digest: last?.digest ?? emptyDigest,
+      outcome: "refused",
+      reason,
+      items: held === undefined ? [] : (JSON.parse(held) as Report["items"]),
+    });
+  }
+
+  private async report(
+    fields: Pick<Report, "epoch" | "sequence" | "digest" | "outcome" | "reason" | "items">,
+  ): Promise<void> {
+    const reportSequence = this.state.nextReportSequence();
+    const body = encodeMessage({
+      kind: "report",
+      node: this.node,
+      ...fields,
+      report_sequence: reportSequence,
+      sent_at: new Date().toISOString(),
+    });
+    // A report must arrive: retry until the stream has stored it (the broker drops a repeat by its id).
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await this.bus?.publishReport(body, `${this.node}:${reportSequence}`);
+        return;
+      } catch (error) {
+        this.settings.log.warn("agent.report_retry", {
+          report_sequence: reportSequence,
+          error: errorText(error),
+        });
+        await new Promise((resolve) => setTimeout(resolve, Math.min(30_000, 500 * 2 ** attempt)));
+      }
+    }
+  }
+}

@@ -1,0 +1,119 @@
+/** `mesh-host join | run | status`. */
+import { readFileSync } from "node:fs";
+import type { Command } from "commander";
+import { parseDuration } from "../config/duration.js";
+import { UsageError } from "../errors.js";
+import { createLogger } from "../log.js";
+import { stdoutOutput } from "../cli/output.js";
+import { Agent } from "./agent.js";
+import { join } from "./join.js";
+import { parseLabel } from "./profile.js";
+import { HostState, resolveStateDir } from "./state.js";
+
+export function registerHostCommands(program: Command): void {
+  program
+    .command("join")
+    .description("join a mesh with a one-time token: makes this node's keys and keeps its identity")
+    .argument("[token]", "the token from `mesh token issue` (or --token-file, or MESH_TOKEN)")
+    .option("--token-file <file>", "read the token from a file")
+    .option("--state <dir>", "the agent's state dir (default: $MESH_HOST_STATE, /var/lib/mesh-host as root)")
+    .option("--label <key=value>", "a label for this node's profile (repeatable)", collect, [])
+    .option("--timeout <duration>", "how long to wait for the control plane's answer", "15s")
+    .option("--json", 'print {"node","broker"}')
+    .action(async (tokenArg: string | undefined, flags: JoinFlags) => {
+      const token = tokenFrom(tokenArg, flags.tokenFile);
+      const labels = Object.fromEntries(flags.label.map(parseLabel).map(({ key, value }) => [key, value]));
+      const identity = await join({
+        token,
+        stateDir: resolveStateDir(flags.state),
+        labels,
+        timeoutMs: parseDuration(flags.timeout, "--timeout"),
+      });
+      const out = stdoutOutput(flags.json === true);
+      if (out.json) out.document({ node: identity.node, broker: identity.broker.url });
+      else out.line(identity.node);
+    });
+
+  program
+    .command("run")
+    .description("stay connected: apply declarations, report, say alive")
+    .option("--state <dir>", "the agent's state dir")
+    .option("--root <dir>", "where declared files are written (default /)", "/")
+    .option("--alive-every <duration>", "how often to say alive", "15s")
+    .action(async (flags: { state?: string; root: string; aliveEvery: string }) => {
+      const aliveEveryMs = parseDuration(flags.aliveEvery, "--alive-every");
+      const log = createLogger({});
+      const agent = new Agent({
+        stateDir: resolveStateDir(flags.state),
+        root: flags.root,
+        aliveEveryMs,
+        log,
+      });
+      const stop = () => void agent.stop();
+      process.once("SIGINT", stop);
+      process.once("SIGTERM", stop);
+      await agent.run();
+    });
+
+  program
+    .command("status")
+    .description("whether this machine joined, as which node, and what it last applied")
+    .option("--state <dir>", "the agent's state dir")
+    .option("--json", 'print {"joined","node","broker","fingerprint","applied"}')
+    .action((flags: { state?: string; json?: boolean }) => {
+      const state = new HostState(resolveStateDir(flags.state));
+      const identity = state.loadIdentity();
+      const applied = state.lastApplied() ?? null;
+      const shown = {
+        joined: identity !== undefined,
+        node: identity?.node ?? null,
+        broker: identity?.broker.url ?? null,
+        fingerprint: identity?.fingerprint ?? null,
+        applied,
+      };
+      const out = stdoutOutput(flags.json === true);
+      if (out.json) {
+        out.document(shown);
+        return;
+      }
+      if (identity === undefined) {
+        out.line(`not joined (state dir ${state.dir})`);
+        return;
+      }
+      out.line(`node         ${identity.node}`);
+      out.line(`broker       ${identity.broker.url}`);
+      out.line(`control key  ${identity.fingerprint}`);
+      out.line(
+        `applied      ${applied === null ? "nothing yet" : `sequence ${applied.sequence}, epoch ${applied.epoch}`}`,
+      );
+    });
+}
+
+interface JoinFlags {
+  tokenFile?: string;
+  state?: string;
+  label: string[];
+  timeout: string;
+  json?: boolean;
+}
+
+function collect(value: string, previous: string[]): string[] {
+  return [...previous, value];
+}
+
+/** The token from the argument, a file, or MESH_TOKEN — the last two keep it out of shell history. */
+function tokenFrom(argument: string | undefined, file: string | undefined): string {
+  if (argument !== undefined && file !== undefined)
+    throw new UsageError("give the token as an argument or --token-file, not both");
+  if (argument !== undefined) return argument;
+  if (file !== undefined) {
+    try {
+      return readFileSync(file, "utf8").trim();
+    } catch (error) {
+      throw new UsageError(`cannot read ${file}: ${(error as Error).message}`, { cause: error });
+    }
+  }
+  const fromEnv = process.env.MESH_TOKEN;
+  if (fromEnv !== undefined && fromEnv !== "") return fromEnv.trim();
+  throw new UsageError("no token: give it as an argument, with --token-file, or in MESH_TOKEN");
+}

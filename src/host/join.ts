@@ -1,0 +1,104 @@
+/**
+ * `mesh-host join`: the node makes its own keys, presents its token on the token's own broker identity, and keeps
+ * what the reply gives it — its name, its broker identity, the control plane's signing key, pinned — so it never
+ * needs a person or a token again. Every refusal ends promptly with the same line the control plane uses.
+ */
+import { BrokerRefusedIdentity, newUserKey, openEnrolmentSide } from "../bus/index.js";
+import { MeshError, TokenRefused, UsageError } from "../errors.js";
+import { fingerprint, fingerprintsEqual } from "../keys/index.js";
+import { ContractError, decodeToken, encodeMessage, parseEnrolReply } from "../link/index.js";
+import type { HostIdentity } from "./state.js";
+import { HostState } from "./state.js";
+import { machineProfile } from "./profile.js";
+import { meshVersion } from "../cli/version.js";
+
+/** Where the node's own broker user seed is kept in the state dir. */
+export const brokerSeedFile = "broker-user.nk";
+
+export interface JoinRequest {
+  token: string;
+  stateDir: string;
+  labels: Record<string, string>;
+  timeoutMs: number;
+}
+
+export async function join(request: JoinRequest): Promise<HostIdentity> {
+  let token;
+  try {
+    token = decodeToken(request.token);
+  } catch (error) {
+    if (error instanceof ContractError) throw new UsageError(error.reason, { cause: error });
+    throw error;
+  }
+  if (token.broker === null) {
+    throw new MeshError(
+      "token_without_broker",
+      "this token names no broker: issue it again once `mesh up` runs",
+    );
+  }
+  const state = new HostState(request.stateDir);
+  const existing = state.loadIdentity();
+  if (existing !== undefined) {
+    throw new MeshError(
+      "already_joined",
+      `this machine already joined as ${existing.node} (state in ${request.stateDir}); remove that dir to join again`,
+    );
+  }
+  const keys = state.nodeKeys();
+  const brokerUser = newUserKey();
+  state.saveSecret(brokerSeedFile, brokerUser.seed);
+
+  const enrol = encodeMessage({
+    kind: "enrol",
+    node: token.node,
+    token_id: token.id,
+    secret: token.secret,
+    keys: {
+      signing: keys.signingPublicKey,
+      overlay: keys.overlayPublicKey,
+      broker_user: brokerUser.publicKey,
+    },
+    profile: machineProfile(request.labels),
+    agent_version: meshVersion(),
+    sent_at: new Date().toISOString(),
+  });
+
+  let answer: Uint8Array;
+  try {
+    const bus = await openEnrolmentSide(token.broker.url, token.node, token.broker.credential);
+    try {
+      answer = await bus.ask(enrol, request.timeoutMs);
+    } finally {
+      await bus.close();
+    }
+  } catch (error) {
+    // The broker itself refuses a spent, revoked or expired token's identity: the same refusal as any other.
+    if (error instanceof BrokerRefusedIdentity) throw new TokenRefused("unknown");
+    throw error;
+  }
+  const reply = parseEnrolReply(answer);
+  if (!reply.accepted) {
+    if (reply.reason === TokenRefused.text) throw new TokenRefused("unknown");
+    throw new MeshError("enrol_refused", reply.reason);
+  }
+  // The control plane proves itself with the key the token pinned; anything else is not our control plane.
+  if (
+    !fingerprintsEqual(fingerprint(reply.signing_key), token.fingerprint) ||
+    !fingerprintsEqual(reply.fingerprint, token.fingerprint)
+  ) {
+    throw new MeshError(
+      "control_key_mismatch",
+      "the control plane's signing key does not match the one the token pins",
+    );
+  }
+  const identity: HostIdentity = {
+    node: reply.node,
+    queue: reply.queue,
+    broker: reply.broker,
+    signing_key: reply.signing_key,
+    fingerprint: reply.fingerprint,
+    joined_at: new Date().toISOString(),
+  };
+  state.saveIdentity(identity);
+  return identity;
+}
