@@ -13,6 +13,7 @@ import type { BrokerRecord } from "../control/broker-record.js";
 import { readBrokerRecord, writeBrokerRecord } from "../control/broker-record.js";
 import { currentRevocations } from "../control/revocations.js";
 import { serve } from "../control/serve.js";
+import { recordRunningSettings } from "../config/options.js";
 import { MeshError, UsageError } from "../errors.js";
 import { createLogger, errorText } from "../log.js";
 import type { GlobalFlags } from "./context.js";
@@ -33,6 +34,7 @@ export function registerServeCommands(program: Command): void {
       const options = optionsFrom(command.optsWithGlobals<GlobalFlags>());
       const wanted = flags.natsPort === undefined ? undefined : parsePort(flags.natsPort);
       mkdirSync(options.dataDir, { recursive: true, mode: 0o700 });
+      recordRunningSettings(options);
       const log = createLogger({});
       const embedded = await choosePort(options.dataDir, wanted);
       const url = `nats://${embedded.host}:${embedded.port}`;
@@ -63,6 +65,7 @@ export function registerServeCommands(program: Command): void {
     .action(async (flags: { broker: string }, command: Command) => {
       const options = optionsFrom(command.optsWithGlobals<GlobalFlags>());
       mkdirSync(options.dataDir, { recursive: true, mode: 0o700 });
+      recordRunningSettings(options);
       const recorded = readBrokerRecord(options.dataDir);
       if (recorded?.url !== flags.broker) writeBrokerRecord(options.dataDir, { url: flags.broker });
       const log = createLogger({});

@@ -2,7 +2,7 @@
  * The control plane's options, compiled once from four layers, each overriding the one before: defaults,
  * `mesh.yaml` in the data dir, `MESH_*` environment variables, command-line flags. Every default lives here.
  */
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
@@ -57,12 +57,14 @@ export interface CompileInput {
 export function compileMeshOptions(input: CompileInput): MeshOptions {
   const dataDir = resolve(input.dataDir ?? nonEmpty(input.env.MESH_HOME) ?? defaults.dataDir);
   const file = readConfigFile(join(dataDir, "mesh.yaml"));
+  const running = readRunningSettings(dataDir);
   const fromEnv: MeshSettings = Object.fromEntries(
     settingNames.map((name) => [name, nonEmpty(input.env[`MESH_${name.toUpperCase()}`])]),
   );
   const pick = <K extends keyof MeshSettings>(name: K): [MeshSettings[K], string] => {
     if (input.flags[name] !== undefined) return [input.flags[name], `--${name.replaceAll("_", "-")}`];
     if (fromEnv[name] !== undefined) return [fromEnv[name], `MESH_${name.toUpperCase()}`];
+    if (running[name] !== undefined) return [running[name], `${runningFile} ${name}`];
     return [file[name], `mesh.yaml ${name}`];
   };
 
@@ -77,6 +79,36 @@ export function compileMeshOptions(input: CompileInput): MeshOptions {
     tokenTtlMs: parseDuration(tokenTtl ?? defaults.tokenTtl, tokenTtlSource),
     historyLimit: history === undefined ? defaults.historyLimit : parseCount(history, historySource),
   };
+}
+
+/**
+ * What the running control plane was started with, so every command shows what it acts on: the out-of-touch
+ * threshold given to `mesh up` or `mesh serve` is the one `mesh node list` uses unless told otherwise.
+ */
+const runningFile = "running.json";
+const runningSchema = z.strictObject({ out_of_touch_after: z.string().min(1) });
+
+export function recordRunningSettings(options: MeshOptions): void {
+  const path = join(options.dataDir, runningFile);
+  writeFileSync(
+    `${path}.tmp`,
+    `${JSON.stringify({ out_of_touch_after: `${options.outOfTouchAfterMs}ms` })}\n`,
+  );
+  renameSync(`${path}.tmp`, path);
+}
+
+function readRunningSettings(dataDir: string): MeshSettings {
+  const path = join(dataDir, runningFile);
+  if (!existsSync(path)) return {};
+  let value: unknown;
+  try {
+    value = JSON.parse(readFileSync(path, "utf8"));
+  } catch (error) {
+    throw new UsageError(`${path} is damaged: ${(error as Error).message}`, { cause: error });
+  }
+  const result = runningSchema.safeParse(value);
+  if (!result.success) throw new UsageError(`${path} is damaged: ${result.error.issues[0]?.message ?? ""}`);
+  return result.data;
 }
 
 function readConfigFile(path: string): MeshSettings {

@@ -73,7 +73,12 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
     }, everyMs);
   const timers = [
     repeat("last_seen.flush", settings.flushEveryMs ?? 1000, () => ingest.flush()),
-    repeat("liveness.check", settings.livenessEveryMs ?? 5000, () => watch.check()),
+    // Checked often enough that a crossing is seen within a quarter of the threshold (at most every 5 s).
+    repeat(
+      "liveness.check",
+      settings.livenessEveryMs ?? Math.min(5000, Math.max(250, options.outOfTouchAfterMs / 4)),
+      () => watch.check(),
+    ),
   ];
   const done = side.bus.consumeControl((delivery) => ingest.handle(delivery));
   log.info("control.serving", {

@@ -42,7 +42,7 @@ export async function connectNats(options: NatsConnectOptions): Promise<NatsConn
 export function asBusError(error: unknown, url: string): BusError {
   if (error instanceof BusError) return error;
   const message = error instanceof Error ? error.message : String(error);
-  if (/authori[sz]ation|authentication|expired|revoked/i.test(message)) {
+  if (/authori[sz]ation|authentication|expired|revoked|permissions violation/i.test(message)) {
     return new BrokerRefusedIdentity(`the broker at ${url} refused this identity: ${message}`, {
       cause: error,
     });

@@ -1,10 +1,11 @@
 /** A node on NATS: its own identity, its own subjects, and nothing else (the server enforces that). */
 import type { NatsConnection } from "@nats-io/transport-node";
+import { PermissionViolationError } from "@nats-io/transport-node";
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
 import { controlSubject, inboxPrefix, nodeSubjects } from "../../link/index.js";
 import type { EnrolmentBus, NodeBus } from "../bus.js";
-import { BusError, NobodyAnswers } from "../errors.js";
+import { BrokerRefusedIdentity, BusError, NobodyAnswers } from "../errors.js";
 import type { NatsIdentity } from "./connect.js";
 import { asBusError, connectNats } from "./connect.js";
 
@@ -84,8 +85,15 @@ export class NatsEnrolmentBus implements EnrolmentBus {
   }
 
   async ask(body: Uint8Array, timeoutMs: number): Promise<Uint8Array> {
+    const subject = controlSubject("enrol", this.node);
+    // A refused publish is dropped silently and only reported on the status stream; without watching it, a token
+    // for another node would wait out the whole timeout instead of being refused at once.
+    const refused = this.refusal();
     try {
-      const reply = await this.nc.request(controlSubject("enrol", this.node), body, { timeout: timeoutMs });
+      const reply = await Promise.race([
+        this.nc.request(subject, body, { timeout: timeoutMs }),
+        refused.promise,
+      ]);
       return reply.data;
     } catch (error) {
       const message = error instanceof Error ? error.message : String(error);
@@ -102,7 +110,28 @@ export class NatsEnrolmentBus implements EnrolmentBus {
         );
       }
       throw asBusError(error, this.url);
+    } finally {
+      refused.stop();
     }
+  }
+
+  private refusal(): { promise: Promise<never>; stop(): void } {
+    const statuses = this.nc.status()[Symbol.asyncIterator]();
+    // Only ever awaited inside Promise.race, which also handles a rejection that comes after the race is decided.
+    const promise = (async (): Promise<never> => {
+      for (;;) {
+        const next = await statuses.next();
+        if (next.done === true) return new Promise<never>(() => undefined);
+        const status = next.value;
+        // A refused publish of the question, or a refused subscription to where the answer would come.
+        if (status.type === "error" && status.error instanceof PermissionViolationError) {
+          throw new BrokerRefusedIdentity(`the broker refused this identity: ${status.error.message}`, {
+            cause: status.error,
+          });
+        }
+      }
+    })();
+    return { promise, stop: () => void statuses.return?.() };
   }
 
   async close(): Promise<void> {

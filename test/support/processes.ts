@@ -1,0 +1,56 @@
+/** Long-running mesh processes for end-to-end tests: `mesh up` and `mesh-host run`, stopped as a person would. */
+import { spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
+
+const root = new URL("../../", import.meta.url).pathname;
+
+export interface Running {
+  child: ChildProcess;
+  stdout(): string;
+  stderr(): string;
+  /** Sends SIGINT (or the given signal) and waits for the exit code. */
+  stop(signal?: NodeJS.Signals): Promise<number | null>;
+  exited: Promise<number | null>;
+}
+
+export function startBin(
+  bin: "mesh" | "mesh-host",
+  args: readonly string[],
+  env: NodeJS.ProcessEnv = {},
+): Running {
+  const child = spawn(process.execPath, [`${root}bin/${bin}.js`, ...args], {
+    cwd: root,
+    env: { ...process.env, MESH_HOME: "", ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let out = "";
+  let err = "";
+  child.stdout?.on("data", (chunk: Buffer) => (out += chunk.toString("utf8")));
+  child.stderr?.on("data", (chunk: Buffer) => (err += chunk.toString("utf8")));
+  const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
+  return {
+    child,
+    stdout: () => out,
+    stderr: () => err,
+    exited,
+    stop: async (signal = "SIGINT") => {
+      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+      return exited;
+    },
+  };
+}
+
+/** Waits until `check` returns a value other than undefined, or fails after `timeoutMs` with `what`. */
+export async function eventually<T>(
+  what: string,
+  check: () => Promise<T | undefined> | T | undefined,
+  timeoutMs = 15_000,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
