@@ -121,6 +121,15 @@ export class Agent {
       return this.refuse(`declaration refused: it is for node ${declaration.node}, this is ${this.node}`);
     }
     const last = this.state.lastApplied();
+    // The very declaration already applied, delivered again (a resend crossed our alive): nothing to do or say.
+    if (
+      last !== undefined &&
+      declaration.epoch === last.epoch &&
+      declaration.sequence === last.sequence &&
+      declaration.digest === last.digest
+    ) {
+      return;
+    }
     if (last !== undefined && declaration.epoch < last.epoch) {
       return this.refuse(
         `declaration refused: epoch ${declaration.epoch} is older than ${last.epoch}, the last applied`,

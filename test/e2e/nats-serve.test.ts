@@ -1,0 +1,145 @@
+/**
+ * `mesh serve` against a nats-server the operator runs (configured from `mesh broker config`): what nodes send
+ * while no control plane runs is processed when one returns, exactly once in effect.
+ */
+import assert from "node:assert/strict";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
+import { connect, jwtAuthenticator } from "@nats-io/transport-node";
+import { jetstream } from "@nats-io/jetstream";
+import { freePort, startNatsServer } from "../../src/bus/index.js";
+import type { RunningNatsServer } from "../../src/bus/index.js";
+import { writeNatsServerConfig } from "../../src/bus/nats/server.js";
+import { mesh, meshHost } from "../support/cli.js";
+import type { Running } from "../support/processes.js";
+import { eventually, startBin } from "../support/processes.js";
+import { tempDir } from "../support/tmp.js";
+
+interface Shown {
+  declaration: { sequence: number } | null;
+  account: {
+    outcome: string;
+    sequence: number | null;
+    report_sequence: number | null;
+    received_at: string;
+  } | null;
+  refused: Record<string, number>;
+}
+
+describe("mesh serve with an operator's nats-server", () => {
+  const dir = tempDir("mesh-serve-");
+  const data = join(dir.path, "data");
+  let server: RunningNatsServer;
+  let url: string;
+  let serve: Running | undefined;
+  let agent: Running | undefined;
+  const cli = (args: string[]) => mesh(["--data", data, ...args]);
+  const show = async (): Promise<Shown> =>
+    JSON.parse((await cli(["node", "show", "edge-1", "--json"])).stdout) as Shown;
+  const startServe = () => startBin("mesh", ["--data", data, "serve", "--broker", url]);
+
+  before(async () => {
+    const fragment = JSON.parse((await cli(["broker", "config", "--json"])).stdout) as {
+      operator: string;
+      system_account: string;
+      resolver_preload: Record<string, string>;
+    };
+    const port = await freePort();
+    const config = writeNatsServerConfig({
+      dir: join(dir.path, "nats"),
+      host: "127.0.0.1",
+      port,
+      operatorJwt: fragment.operator,
+      systemAccount: fragment.system_account,
+      accounts: fragment.resolver_preload,
+    });
+    server = await startNatsServer(config, { host: "127.0.0.1", port }, join(dir.path, "nats.log"));
+    url = server.url;
+  });
+  after(async () => {
+    await agent?.stop("SIGTERM");
+    await serve?.stop();
+    await server.stop();
+    dir.remove();
+  });
+
+  test("durable ingest — a report sent while no control plane runs is kept once one returns", async () => {
+    serve = startServe();
+    await eventually("serve to start", () =>
+      /control\.serving/.test(serve?.stderr() ?? "") ? true : undefined,
+    );
+    const token = JSON.parse((await cli(["token", "issue", "edge-1", "--json"])).stdout) as { token: string };
+    const state = join(dir.path, "edge-1");
+    const joined = await meshHost(["join", token.token, "--state", state]);
+    assert.equal(joined.code, 0, joined.stderr);
+    const root = join(dir.path, "root");
+    mkdirSync(root);
+    agent = startBin("mesh-host", ["run", "--state", state, "--root", root, "--alive-every", "300ms"]);
+
+    assert.equal(await serve.stop(), 0, serve.stderr());
+    serve = undefined;
+    const file = join(dir.path, "decl.yaml");
+    writeFileSync(file, "files:\n  - path: /etc/edge\n    content: offline\n");
+    const declared = await cli(["declare", "edge-1", "-f", file, "--json"]);
+    assert.equal(declared.code, 0, declared.stderr);
+    await eventually("the agent to apply", () => (existsSync(join(root, "etc", "edge")) ? true : undefined));
+    assert.equal(readFileSync(join(root, "etc", "edge"), "utf8"), "offline");
+    assert.equal((await show()).account, null, "nothing is kept while no control plane runs");
+
+    serve = startServe();
+    const kept = await eventually("the report to be kept", async () => {
+      const s = await show();
+      return s.account?.outcome === "applied" ? s : undefined;
+    });
+    assert.equal(kept.account?.sequence, 1);
+  });
+
+  test("durable ingest — a repeated report and a report naming another node are refused and counted", async () => {
+    const identity = JSON.parse(readFileSync(join(dir.path, "edge-1", "identity.json"), "utf8")) as {
+      broker: { credential: { jwt: string } };
+    };
+    const seed = readFileSync(join(dir.path, "edge-1", "broker-user.nk"), "utf8").trim();
+    const nc = await connect({
+      servers: url,
+      inboxPrefix: "node.edge-1.reply",
+      authenticator: jwtAuthenticator(identity.broker.credential.jwt, new TextEncoder().encode(seed)),
+    });
+    const js = jetstream(nc);
+    try {
+      const before = await show();
+      const report = {
+        kind: "report",
+        node: "edge-1",
+        epoch: 0,
+        sequence: before.account?.sequence ?? 1,
+        report_sequence: before.account?.report_sequence ?? 1,
+        digest: "sha256:" + "0".repeat(64),
+        outcome: "applied",
+        items: [],
+        sent_at: new Date().toISOString(),
+      };
+      // The same report again (a redelivery, or a replay by the node): ordering refuses it.
+      await js.publish("mesh.report.edge-1", JSON.stringify(report), { msgID: "replay-1" });
+      // The same message id within the window: the broker drops it before anyone sees it.
+      const duplicate = await js.publish("mesh.report.edge-1", JSON.stringify(report), { msgID: "replay-1" });
+      assert.equal(duplicate.duplicate, true);
+      // A body naming another node than the subject.
+      await js.publish(
+        "mesh.report.edge-1",
+        JSON.stringify({ ...report, node: "edge-2", report_sequence: 99 }),
+      );
+      const after = await eventually("both refusals to be counted", async () => {
+        const s = await show();
+        return (s.refused.report_out_of_order ?? 0) >= 1 && (s.refused.report_refused ?? 0) >= 1
+          ? s
+          : undefined;
+      });
+      assert.equal(after.refused.report_out_of_order, 1);
+      assert.equal(after.refused.report_refused, 1);
+      assert.deepEqual(after.account, before.account, "the recovery copy is untouched");
+    } finally {
+      await nc.close();
+    }
+  });
+});
