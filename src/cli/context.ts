@@ -9,7 +9,7 @@ import type { SigningIdentity } from "../keys/index.js";
 import { loadOrCreateSigningKey } from "../keys/index.js";
 import type { Store } from "../store/index.js";
 import { openStore } from "../store/index.js";
-import { openIdentities } from "../bus/index.js";
+import { BusError, openIdentities } from "../bus/index.js";
 import type { NatsBrokerIdentities } from "../bus/index.js";
 import { readBrokerRecord } from "../control/broker-record.js";
 
@@ -49,4 +49,23 @@ export function recordedBroker(options: MeshOptions): NatsBrokerIdentities | und
 
 export function signingIdentity(options: MeshOptions): SigningIdentity {
   return loadOrCreateSigningKey(join(options.dataDir, "keys"));
+}
+
+/**
+ * Has the recorded broker refuse exactly the identities in `revoked` now. When the broker is not running, says so
+ * on stderr: the control plane applies the same list when it starts.
+ */
+export async function tellBroker(options: MeshOptions, revoked: ReadonlyMap<string, Date>): Promise<void> {
+  const broker = recordedBroker(options);
+  if (broker === undefined) return;
+  try {
+    await broker.revoke(revoked);
+  } catch (error) {
+    if (!(error instanceof BusError)) throw error;
+    process.stderr.write(
+      `mesh: the broker was not told (${error.message}); the control plane applies the revocation when it starts\n`,
+    );
+  } finally {
+    await broker.close();
+  }
 }

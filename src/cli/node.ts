@@ -5,7 +5,8 @@ import { MeshError, UsageError } from "../errors.js";
 import { nodeNameProblem } from "../link/index.js";
 import { describeLiveness, livenessOf } from "../control/liveness.js";
 import type { GlobalFlags } from "./context.js";
-import { optionsFrom, withStore } from "./context.js";
+import { optionsFrom, tellBroker, withStore } from "./context.js";
+import { currentRevocations } from "../control/revocations.js";
 import { stdoutOutput } from "./output.js";
 
 export function registerNodeCommands(program: Command): void {
@@ -125,5 +126,36 @@ export function registerNodeCommands(program: Command): void {
       out.line(
         `refused      ${refused.length === 0 ? "none" : refused.map(([k, v]) => `${k}=${v}`).join(" ")}`,
       );
+    });
+
+  node
+    .command("retire")
+    .description("retire a node: the broker refuses its identity from now on; its history is kept")
+    .argument("<node>", "the node's name")
+    .option("--json", 'print {"node","state"}')
+    .action(async (name: string, _flags: unknown, command: Command) => {
+      const globals = command.optsWithGlobals<GlobalFlags>();
+      if (nodeNameProblem(name) !== undefined) throw new UsageError(`"${name}" is not a node name`);
+      const options = optionsFrom(globals);
+      const revoked = await withStore(options, async (store) => {
+        const at = new Date();
+        const record = await store.nodes.get(name);
+        if (record === undefined) throw new MeshError("node_unknown", `no node named ${name}`);
+        if (!(await store.nodes.retire(name, at.toISOString()))) {
+          throw new MeshError("node_retired", `node ${name} is already retired`);
+        }
+        await store.events.record({
+          at: at.toISOString(),
+          kind: "node.retired",
+          node: name,
+          epoch: null,
+          detail: {},
+        });
+        return currentRevocations(store, at);
+      });
+      await tellBroker(options, revoked);
+      const out = stdoutOutput(globals.json === true);
+      if (out.json) out.document({ node: name, state: "retired" });
+      else out.line(`retired ${name}`);
     });
 }

@@ -5,10 +5,9 @@ import { issueToken, revokeToken } from "../control/tokens.js";
 import { MeshError, UsageError } from "../errors.js";
 import { nodeNameProblem } from "../link/index.js";
 import { tokenStatus } from "../store/index.js";
-import { BusError } from "../bus/index.js";
 import { currentRevocations } from "../control/revocations.js";
 import type { GlobalFlags } from "./context.js";
-import { optionsFrom, recordedBroker, signingIdentity, withStore } from "./context.js";
+import { optionsFrom, recordedBroker, signingIdentity, tellBroker, withStore } from "./context.js";
 import { stdoutOutput } from "./output.js";
 
 const tokenId = /^tok_[0-9a-f]{12}$/;
@@ -104,21 +103,8 @@ export function registerTokenCommands(program: Command): void {
           throw new MeshError("internal", `unexpected revoke outcome ${String(unknown)}`);
         }
       }
-      // The broker must refuse the token's identity now, not only at its expiry. When the broker is not running,
-      // the control plane applies the same list when it starts.
-      const broker = recordedBroker(options);
-      let brokerNote: string | undefined;
-      if (broker !== undefined) {
-        await broker.revoke(revoked).then(
-          () => undefined,
-          (error: unknown) => {
-            if (!(error instanceof BusError)) throw error;
-            brokerNote = `the broker was not told (${error.message}); it refuses the token once the control plane starts`;
-          },
-        );
-        await broker.close();
-      }
-      if (brokerNote !== undefined) process.stderr.write(`mesh: ${brokerNote}\n`);
+      // The broker must refuse the token's identity now, not only at its expiry.
+      await tellBroker(options, revoked);
       const out = stdoutOutput(globals.json === true);
       if (out.json) out.document({ id, status: "revoked" });
       else out.line(`revoked ${id}`);

@@ -33,10 +33,10 @@ export function registerServeCommands(program: Command): void {
     .action(async (flags: { natsPort?: string }, command: Command) => {
       const options = optionsFrom(command.optsWithGlobals<GlobalFlags>());
       const wanted = flags.natsPort === undefined ? undefined : parsePort(flags.natsPort);
+      const embedded = await choosePort(options.dataDir, wanted);
       mkdirSync(options.dataDir, { recursive: true, mode: 0o700 });
       recordRunningSettings(options);
       const log = createLogger({});
-      const embedded = await choosePort(options.dataDir, wanted);
       const url = `nats://${embedded.host}:${embedded.port}`;
       writeBrokerRecord(options.dataDir, { url, embedded: { host: embedded.host, port: embedded.port } });
 

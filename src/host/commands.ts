@@ -1,5 +1,6 @@
 /** `mesh-host join | run | status`. */
 import { readFileSync } from "node:fs";
+import { resolve } from "node:path";
 import type { Command } from "commander";
 import { parseDuration } from "../config/duration.js";
 import { UsageError } from "../errors.js";
@@ -17,18 +18,21 @@ export function registerHostCommands(program: Command): void {
     .argument("[token]", "the token from `mesh token issue` (or --token-file, or MESH_TOKEN)")
     .option("--token-file <file>", "read the token from a file")
     .option("--state <dir>", "the agent's state dir (default: $MESH_HOST_STATE, /var/lib/mesh-host as root)")
+    .option("--root <dir>", "where `mesh-host run` writes declared files (default /); kept for later runs")
     .option("--label <key=value>", "a label for this node's profile (repeatable)", collect, [])
     .option("--timeout <duration>", "how long to wait for the control plane's answer", "15s")
     .option("--json", 'print {"node","broker"}')
     .action(async (tokenArg: string | undefined, flags: JoinFlags) => {
       const token = tokenFrom(tokenArg, flags.tokenFile);
       const labels = Object.fromEntries(flags.label.map(parseLabel).map(({ key, value }) => [key, value]));
+      const stateDir = resolveStateDir(flags.state);
       const identity = await join({
         token,
-        stateDir: resolveStateDir(flags.state),
+        stateDir,
         labels,
         timeoutMs: parseDuration(flags.timeout, "--timeout"),
       });
+      if (flags.root !== undefined) new HostState(stateDir).saveSecret(rootFile, resolve(flags.root));
       const out = stdoutOutput(flags.json === true);
       if (out.json) out.document({ node: identity.node, broker: identity.broker.url });
       else out.line(identity.node);
@@ -38,7 +42,7 @@ export function registerHostCommands(program: Command): void {
     .command("run")
     .description("stay connected: apply declarations, report, say alive")
     .option("--state <dir>", "the agent's state dir")
-    .option("--root <dir>", "where declared files are written (default /)", "/")
+    .option("--root <dir>", "where declared files are written (default: as given to join, else /)")
     .option("--alive-every <duration>", "how often to say alive", "15s")
     .action(async (flags: { state?: string; root: string; aliveEvery: string }) => {
       const aliveEveryMs = parseDuration(flags.aliveEvery, "--alive-every");
@@ -89,7 +93,11 @@ export function registerHostCommands(program: Command): void {
     });
 }
 
+/** Where the root given to `join` is kept for `run`. */
+const rootFile = "root";
+
 interface JoinFlags {
+  root?: string;
   tokenFile?: string;
   state?: string;
   label: string[];

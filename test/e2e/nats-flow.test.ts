@@ -296,4 +296,22 @@ describe("the mesh end to end over NATS", () => {
     assert.deepEqual(later.account, before.account, "the recovery copy is unchanged");
     assert.doesNotMatch(up.stderr(), /alive/i);
   });
+
+  test("retire — the broker drops the node's connection and refuses it; its agent ends with a clear error", async () => {
+    const agent = agents[0];
+    assert.ok(agent !== undefined);
+    const retired = await cli(["node", "retire", "web-1"]);
+    assert.equal(retired.code, 0, retired.stderr);
+    assert.equal(retired.stdout, "retired web-1\n");
+    const code = await Promise.race([
+      agent.exited,
+      new Promise((resolve) => setTimeout(() => resolve("running"), 10_000)),
+    ]);
+    assert.equal(code, 1, agent.stderr());
+    assert.match(agent.stderr(), /refused this identity/);
+    assert.equal((await show("web-1")).state, "retired");
+    const again = await cli(["node", "retire", "web-1"]);
+    assert.equal(again.code, 1);
+    assert.equal(again.stderr, "mesh: node web-1 is already retired\n");
+  });
 });

@@ -138,6 +138,22 @@ describe("mesh serve with an operator's nats-server", () => {
       assert.equal(after.refused.report_out_of_order, 1);
       assert.equal(after.refused.report_refused, 1);
       assert.deepEqual(after.account, before.account, "the recovery copy is untouched");
+
+      // The enrolled node's own identity cannot speak for another node nor read another node's queue.
+      const violations: string[] = [];
+      const watching = (async () => {
+        for await (const status of nc.status()) {
+          if (status.type === "error") violations.push(status.error.message);
+          if (violations.length === 2) return;
+        }
+      })();
+      nc.publish("mesh.report.edge-2", JSON.stringify({ ...report, node: "edge-2" }));
+      nc.subscribe("node.edge-2.>");
+      await nc.flush();
+      await Promise.race([watching, new Promise((resolve) => setTimeout(resolve, 3000))]);
+      assert.equal(violations.length, 2, violations.join("; "));
+      assert.match(violations.join("\n"), /Publish to "mesh\.report\.edge-2"/);
+      assert.match(violations.join("\n"), /Subscription to "node\.edge-2\.>"/);
     } finally {
       await nc.close();
     }
