@@ -87,9 +87,12 @@ export class Agent {
   }
 
   private enqueue(body: Uint8Array): Promise<void> {
-    this.queue = this.queue.then(
-      () => this.handle(body),
-      () => this.handle(body),
+    // One declaration failing in an unexpected way (a state file that cannot be written) is logged and does not
+    // stop the agent from taking the next one.
+    this.queue = this.queue.then(() =>
+      this.handle(body).catch((error: unknown) =>
+        this.settings.log.error("agent.declaration_not_handled", { error: errorText(error) }),
+      ),
     );
     return this.queue;
   }
@@ -140,7 +143,15 @@ export class Agent {
         `declaration refused: sequence ${declaration.sequence} is not newer than ${last.sequence}, the last applied`,
       );
     }
-    const items = await this.applier.apply(declaration.items.filter((item) => item.type === "file"));
+    let items: Report["items"];
+    try {
+      items = await this.applier.apply(declaration.items.filter((item) => item.type === "file"));
+    } catch (error) {
+      // The applier could not run at all (its root is unusable, its record unreadable): every item failed, and
+      // the agent stays up to say so and to take the next declaration.
+      const reason = errorText(error);
+      items = declaration.items.map((item) => ({ id: item.id, state: "failed" as const, reason }));
+    }
     const failed = items.filter((item) => item.state === "failed");
     this.state.recordApplied({
       epoch: declaration.epoch,

@@ -44,15 +44,12 @@ export function registerHostCommands(program: Command): void {
     .option("--state <dir>", "the agent's state dir")
     .option("--root <dir>", "where declared files are written (default: as given to join, else /)")
     .option("--alive-every <duration>", "how often to say alive", "15s")
-    .action(async (flags: { state?: string; root: string; aliveEvery: string }) => {
+    .action(async (flags: { state?: string; root?: string; aliveEvery: string }) => {
       const aliveEveryMs = parseDuration(flags.aliveEvery, "--alive-every");
       const log = createLogger({});
-      const agent = new Agent({
-        stateDir: resolveStateDir(flags.state),
-        root: flags.root,
-        aliveEveryMs,
-        log,
-      });
+      const stateDir = resolveStateDir(flags.state);
+      const root = flags.root ?? new HostState(stateDir).loadSecret(rootFile) ?? "/";
+      const agent = new Agent({ stateDir, root, aliveEveryMs, log });
       const stop = () => void agent.stop();
       process.once("SIGINT", stop);
       process.once("SIGTERM", stop);

@@ -55,8 +55,9 @@ describe("the mesh end to end over NATS", () => {
     assert.equal(run.code, 0, run.stderr);
     return (JSON.parse(run.stdout) as { token: string }).token;
   };
-  const runAgent = (state: string, root: string): Running => {
-    const agent = startBin("mesh-host", ["run", "--state", state, "--root", root, "--alive-every", "200ms"]);
+  const runAgent = (state: string, root: string | undefined): Running => {
+    const rootArgs = root === undefined ? [] : ["--root", root];
+    const agent = startBin("mesh-host", ["run", "--state", state, ...rootArgs, "--alive-every", "200ms"]);
     agents.push(agent);
     return agent;
   };
@@ -125,8 +126,9 @@ describe("the mesh end to end over NATS", () => {
     const state = join(dir.path, "web-2");
     const root = join(dir.path, "root-2");
     mkdirSync(root);
-    assert.equal((await meshHost(["join", await issue("web-2"), "--state", state])).code, 0);
-    const agent = runAgent(state, root);
+    // The root given at join is the one every later run uses.
+    assert.equal((await meshHost(["join", await issue("web-2"), "--state", state, "--root", root])).code, 0);
+    const agent = runAgent(state, undefined);
     await eventually("web-2 to be here", async () =>
       (await show("web-2")).liveness === "here" ? true : undefined,
     );
@@ -139,7 +141,7 @@ describe("the mesh end to end over NATS", () => {
     assert.match(table, /web-2\s+enrolled\s+out of touch \d+s/);
 
     await declareFiles("web-2", [{ path: "/srv/while-away", content: "declared while away\n" }]);
-    runAgent(state, root);
+    runAgent(state, undefined);
     const file = join(root, "srv", "while-away");
     await eventually("the declaration sent while away to arrive", () =>
       existsSync(file) ? true : undefined,
@@ -284,6 +286,20 @@ describe("the mesh end to end over NATS", () => {
       await nc.close();
       await record.close();
     }
+  });
+
+  test("declarations — an unusable root fails every item with a reason, and the agent stays up", async () => {
+    const state = join(dir.path, "odd-1");
+    assert.equal((await meshHost(["join", await issue("odd-1"), "--state", state])).code, 0);
+    const agent = runAgent(state, join(dir.path, "no-such-root"));
+    await declareFiles("odd-1", [{ path: "/etc/a", content: "a" }]);
+    const failed = await eventually("the failure report", async () => {
+      const s = await show("odd-1");
+      return s.account?.outcome === "failed" ? s : undefined;
+    });
+    assert.match(failed.account?.reason ?? "", /1 of 1 item\(s\) failed/);
+    assert.equal(failed.account?.items[0]?.state, "failed");
+    assert.equal(agent.child.exitCode, null, "the agent is still running");
   });
 
   test("alive — a stream of alives never changes the recovery copy and is absent from the log", async () => {
