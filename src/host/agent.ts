@@ -167,11 +167,13 @@ export class Agent {
       ...(failed.length === 0 ? {} : { reason: `${failed.length} of ${items.length} item(s) failed` }),
       items,
     });
-    this.settings.log.info("agent.applied", {
-      sequence: declaration.sequence,
-      epoch: declaration.epoch,
-      failed: failed.length,
-    });
+    const where = { sequence: declaration.sequence, epoch: declaration.epoch };
+    if (failed.length === 0) this.settings.log.info("agent.applied", where);
+    else
+      this.settings.log.warn("agent.apply_failed", {
+        ...where,
+        failed: failed.map((f) => `${f.id}: ${f.reason ?? "?"}`),
+      });
   }
 
   /** A refusal is reported with what the machine still holds, so the recovery copy never loses it. */

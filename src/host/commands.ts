@@ -1,5 +1,5 @@
 /** `mesh-host join | run | status`. */
-import { readFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { resolve } from "node:path";
 import type { Command } from "commander";
 import { parseDuration } from "../config/duration.js";
@@ -49,6 +49,9 @@ export function registerHostCommands(program: Command): void {
       const log = createLogger({});
       const stateDir = resolveStateDir(flags.state);
       const root = flags.root ?? new HostState(stateDir).loadSecret(rootFile) ?? "/";
+      // A root of the operator's choosing may not exist yet. One that exists but is unusable is reported with
+      // each declaration instead, where the control plane sees it.
+      if (!existsSync(root)) mkdirSync(root, { recursive: true });
       const agent = new Agent({ stateDir, root, aliveEveryMs, log });
       const stop = () => void agent.stop();
       process.once("SIGINT", stop);

@@ -291,7 +291,10 @@ describe("the mesh end to end over NATS", () => {
   test("declarations — an unusable root fails every item with a reason, and the agent stays up", async () => {
     const state = join(dir.path, "odd-1");
     assert.equal((await meshHost(["join", await issue("odd-1"), "--state", state])).code, 0);
-    const agent = runAgent(state, join(dir.path, "no-such-root"));
+    // A root that is a regular file: nothing can be written below it.
+    const notADir = join(dir.path, "root-is-a-file");
+    writeFileSync(notADir, "");
+    const agent = runAgent(state, notADir);
     await declareFiles("odd-1", [{ path: "/etc/a", content: "a" }]);
     const failed = await eventually("the failure report", async () => {
       const s = await show("odd-1");
