@@ -8,7 +8,18 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { Algorithms, encodeUser } from "@nats-io/jwt";
 import { connect, jwtAuthenticator, PermissionViolationError } from "@nats-io/transport-node";
 import { pushAccountUpdate } from "../../src/bus/nats/account-update.js";
-import { accountJwt, fastSigner, newUserKey, systemUserJwt, userJwt } from "../../src/bus/nats/authority.js";
+import {
+  accountJwt,
+  fastSigner,
+  loadOrCreateAuthority,
+  newUserKey,
+  systemUserJwt,
+  userJwt,
+} from "../../src/bus/nats/authority.js";
+import { NatsBrokerIdentities } from "../../src/bus/nats/identities.js";
+import { freePort, startNatsServer } from "../../src/bus/nats/server.js";
+import { join } from "node:path";
+import { tempDir } from "../support/tmp.js";
 import type { UserGrant } from "../../src/bus/nats/authority.js";
 import { inboxPrefix } from "../../src/link/index.js";
 import type { OperatorServer } from "../support/nats.js";
@@ -190,5 +201,41 @@ describe("NATS identities from the writers table", () => {
     ]);
     assert.equal(outcome, "closed");
     await assert.rejects(connectAs(node, "web-9"), /authorization|revoked/i);
+  });
+});
+
+describe("NATS revocations survive a server restart", () => {
+  test("nats identity — a revoked user stays refused after the mesh's own server restarts from its config", async () => {
+    const dir = tempDir("mesh-revoke-restart-");
+    const authority = loadOrCreateAuthority(join(dir.path, "keys"));
+    const port = await freePort();
+    const embedded = { dir: join(dir.path, "server"), host: "127.0.0.1", port };
+    const identities = new NatsBrokerIdentities(authority, `nats://127.0.0.1:${port}`, embedded);
+    const config = await identities.writeServerConfig(new Map());
+    let server = await startNatsServer(config, embedded, join(dir.path, "nats.log"));
+    const user = newUserKey();
+    const jwt = await userJwt(authority, {
+      name: "gone-1",
+      userPublicKey: user.publicKey,
+      role: "node",
+      node: "gone-1",
+    });
+    const connectUser = () =>
+      connect({
+        servers: server.url,
+        reconnect: false,
+        authenticator: jwtAuthenticator(jwt, new TextEncoder().encode(user.seed)),
+      });
+    try {
+      await (await connectUser()).close();
+      await identities.revoke(new Map([[user.publicKey, new Date()]]));
+      await identities.close();
+      await server.stop();
+      server = await startNatsServer(config, embedded, join(dir.path, "nats.log"));
+      await assert.rejects(connectUser(), /authorization|revoked/i);
+    } finally {
+      await server.stop();
+      dir.remove();
+    }
   });
 });

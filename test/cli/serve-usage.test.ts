@@ -1,9 +1,10 @@
 import assert from "node:assert/strict";
 import { createServer } from "node:net";
-import { existsSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { mesh, meshHost } from "../support/cli.js";
+import { eventually, startBin } from "../support/processes.js";
 import { tempDir } from "../support/tmp.js";
 
 describe("mesh up, declare and mesh-host: bad usage and clear failures", () => {
@@ -80,5 +81,24 @@ describe("mesh up, declare and mesh-host: bad usage and clear failures", () => {
       fingerprint: null,
       applied: null,
     });
+  });
+});
+
+describe("mesh up keeps its broker's address", () => {
+  const dir = tempDir("mesh-up-port-");
+  after(() => dir.remove());
+
+  test("cli — the port chosen on the first run is reused on the next, because nodes hold that address", async () => {
+    const data = join(dir.path, "data");
+    const urlOf = (text: string) => /broker\s+(nats:\/\/\S+)/.exec(text)?.[1];
+    const first = startBin("mesh", ["--data", data, "up"]);
+    const firstUrl = await eventually("the first start", () => urlOf(first.stdout()));
+    assert.equal(await first.stop("SIGTERM"), 0, first.stderr());
+    const second = startBin("mesh", ["--data", data, "up"]);
+    const secondUrl = await eventually("the second start", () => urlOf(second.stdout()));
+    assert.equal(await second.stop("SIGINT"), 0, second.stderr());
+    assert.equal(secondUrl, firstUrl);
+    const recorded = JSON.parse(readFileSync(join(data, "broker.json"), "utf8")) as { url: string };
+    assert.equal(recorded.url, firstUrl);
   });
 });
