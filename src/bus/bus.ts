@@ -43,6 +43,8 @@ export interface ControlBus {
   publishDeclaration(node: string, envelope: Uint8Array): Promise<void>;
   /** Announces a decision on `mesh.event.<kind>`. */
   publishEvent(kind: string, body: Uint8Array): Promise<void>;
+  /** Calls `listener` each time the connection comes back after a loss (the broker may have restarted). */
+  onReconnect(listener: () => void): void;
   close(): Promise<void>;
 }
 

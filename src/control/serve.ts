@@ -41,8 +41,16 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
   const signing = loadOrCreateSigningKey(join(options.dataDir, "keys"));
   const side = await openControlSide(options.dataDir, settings.brokerUrl, log, settings.embedded);
   await side.bus.assert();
-  // The broker may have restarted from an older preload; bring its revocations up to date first.
-  await side.identities.revoke(await currentRevocations(store, now()));
+  // The broker may have started from an older preload (it is not always ours to rewrite): bring its revocations
+  // up to date now and after every reconnection.
+  const syncRevocations = async () => side.identities.revoke(await currentRevocations(store, now()));
+  await syncRevocations();
+  side.bus.onReconnect(() => {
+    syncRevocations().then(
+      () => log.info("broker.reconnected", { revocations: "applied again" }),
+      (error: unknown) => log.error("broker.revocations_not_applied", { error: errorText(error) }),
+    );
+  });
 
   await side.bus.answerEnrolments((request) =>
     answerEnrolment(

@@ -11,6 +11,7 @@ import { jetstream } from "@nats-io/jetstream";
 import { freePort, startNatsServer } from "../../src/bus/index.js";
 import type { RunningNatsServer } from "../../src/bus/index.js";
 import { writeNatsServerConfig } from "../../src/bus/nats/server.js";
+import { decodeToken } from "../../src/link/index.js";
 import { mesh, meshHost } from "../support/cli.js";
 import type { Running } from "../support/processes.js";
 import { eventually, startBin } from "../support/processes.js";
@@ -32,6 +33,7 @@ describe("mesh serve with an operator's nats-server", () => {
   const data = join(dir.path, "data");
   let server: RunningNatsServer;
   let url: string;
+  let restartServer: () => Promise<void>;
   let serve: Running | undefined;
   let agent: Running | undefined;
   const cli = (args: string[]) => mesh(["--data", data, ...args]);
@@ -56,6 +58,10 @@ describe("mesh serve with an operator's nats-server", () => {
     });
     server = await startNatsServer(config, { host: "127.0.0.1", port }, join(dir.path, "nats.log"));
     url = server.url;
+    restartServer = async () => {
+      await server.stop();
+      server = await startNatsServer(config, { host: "127.0.0.1", port }, join(dir.path, "nats.log"));
+    };
   });
   after(async () => {
     await agent?.stop("SIGTERM");
@@ -157,5 +163,46 @@ describe("mesh serve with an operator's nats-server", () => {
     } finally {
       await nc.close();
     }
+  });
+
+  test("reconnection — after a broker restart the agent and the control plane carry on without a person", async () => {
+    // A revoked token whose revocation the restarted server's own config does not know.
+    const revoked = decodeToken(
+      (JSON.parse((await cli(["token", "issue", "edge-9", "--json"])).stdout) as { token: string }).token,
+    );
+    assert.equal((await cli(["token", "revoke", revoked.id])).code, 0);
+    await restartServer();
+    const file = join(dir.path, "after-restart.yaml");
+    writeFileSync(file, "files:\n  - path: /etc/edge\n    content: after the restart\n");
+    const declared = await eventually("the broker to take a declaration again", async () => {
+      const run = await cli(["declare", "edge-1", "-f", file, "--json"]);
+      return run.code === 0 ? (JSON.parse(run.stdout) as { sequence: number }) : undefined;
+    });
+    await eventually("the reconnected agent to apply it", () =>
+      readFileSync(join(dir.path, "root", "etc", "edge"), "utf8") === "after the restart" ? true : undefined,
+    );
+    const kept = await eventually("the reconnected control plane to keep the report", async () => {
+      const s = await show();
+      return s.account?.sequence === declared.sequence && s.account.outcome === "applied" ? s : undefined;
+    });
+    assert.equal(kept.account?.outcome, "applied");
+
+    // The control plane told the restarted server its revocations again.
+    assert.equal(revoked.broker?.credential.type, "nats");
+    if (revoked.broker?.credential.type !== "nats") return;
+    const { jwt, seed } = revoked.broker.credential;
+    await eventually("the revoked token to be refused again", () =>
+      connect({
+        servers: url,
+        reconnect: false,
+        authenticator: jwtAuthenticator(jwt, new TextEncoder().encode(seed)),
+      }).then(
+        async (nc) => {
+          await nc.close();
+          return undefined;
+        },
+        (error: unknown) => (/authorization|revoked/i.test(String(error)) ? true : undefined),
+      ),
+    );
   });
 });

@@ -134,6 +134,14 @@ export class NatsControlBus implements ControlBus {
     await Promise.resolve();
   }
 
+  onReconnect(listener: () => void): void {
+    void (async () => {
+      for await (const status of this.nc.status()) {
+        if (status.type === "reconnect") listener();
+      }
+    })();
+  }
+
   async close(): Promise<void> {
     this.enrolments?.unsubscribe();
     await this.messages?.close();
