@@ -14,6 +14,8 @@ export interface ControlDelivery {
   body: Uint8Array;
   /** True when the broker delivers it again (the consumer died before acknowledging). */
   redelivered: boolean;
+  /** When the broker received it: liveness is about when a node spoke, not when we got round to reading it. */
+  receivedAt: Date;
 }
 
 /** What a handler decided: `done` acknowledges (also for refused input), `retry` asks for a later redelivery. */

@@ -57,16 +57,17 @@ export async function openControlSide(
   dataDir: string,
   url: string,
   log: Logger,
-  embedded?: EmbeddedServer,
+  options: { embedded?: EmbeddedServer; longLived: boolean },
 ): Promise<ControlSide> {
   const kind = brokerKindOf(url);
   if (kind !== "nats") throw new MeshError("unsupported_broker", "RabbitMQ is not supported yet");
-  const identities = openIdentities(dataDir, url, embedded);
+  const identities = openIdentities(dataDir, url, options.embedded);
+  // A control plane rides out broker restarts; a one-shot command fails at once when the broker is away.
   const nc = await connectNats({
     url,
     identity: await identities.controlIdentity(),
     name: "mesh control",
-    reconnect: true,
+    reconnect: options.longLived,
   });
   const bus = new NatsControlBus(nc, log);
   return {

@@ -39,7 +39,9 @@ export function registerDeclareCommand(program: Command): void {
           "no broker is recorded for this mesh: start it with `mesh up` or `mesh serve`",
         );
       }
-      const side = await openControlSide(options.dataDir, record.url, createLogger({ level: "warn" }));
+      const side = await openControlSide(options.dataDir, record.url, createLogger({ level: "warn" }), {
+        longLived: false,
+      });
       const signing = signingIdentity(options);
       // The lease does not exist yet: every declaration is composed under epoch 0.
       const sent = await withStore(options, (store) =>

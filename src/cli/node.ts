@@ -6,7 +6,7 @@ import { nodeNameProblem } from "../link/index.js";
 import { describeLiveness, livenessOf } from "../control/liveness.js";
 import type { GlobalFlags } from "./context.js";
 import { optionsFrom, tellBroker, withStore } from "./context.js";
-import { currentRevocations } from "../control/revocations.js";
+import { retireNode } from "../control/retire.js";
 import { stdoutOutput } from "./output.js";
 
 export function registerNodeCommands(program: Command): void {
@@ -137,22 +137,7 @@ export function registerNodeCommands(program: Command): void {
       const globals = command.optsWithGlobals<GlobalFlags>();
       if (nodeNameProblem(name) !== undefined) throw new UsageError(`"${name}" is not a node name`);
       const options = optionsFrom(globals);
-      const revoked = await withStore(options, async (store) => {
-        const at = new Date();
-        const record = await store.nodes.get(name);
-        if (record === undefined) throw new MeshError("node_unknown", `no node named ${name}`);
-        if (!(await store.nodes.retire(name, at.toISOString()))) {
-          throw new MeshError("node_retired", `node ${name} is already retired`);
-        }
-        await store.events.record({
-          at: at.toISOString(),
-          kind: "node.retired",
-          node: name,
-          epoch: null,
-          detail: {},
-        });
-        return currentRevocations(store, at);
-      });
+      const revoked = await withStore(options, (store) => retireNode(store, name, new Date()));
       await tellBroker(options, revoked);
       const out = stdoutOutput(globals.json === true);
       if (out.json) out.document({ node: name, state: "retired" });

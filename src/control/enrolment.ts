@@ -64,6 +64,11 @@ export async function answerEnrolment(
   try {
     const node = token.node;
     const identity = await context.broker.forNode(node, enrol.keys.broker_user);
+    // A machine enrolling again replaces its identity; the one before must not keep working.
+    const before = await store.nodes.get(node);
+    if (before?.brokerUser != null && before.brokerUser !== identity.user) {
+      await store.revokedIdentities.add(before.brokerUser, node, now.toISOString());
+    }
     await store.nodes.enrol(node, {
       signingKey: enrol.keys.signing,
       overlayKey: enrol.keys.overlay,
@@ -98,6 +103,6 @@ export async function answerEnrolment(
   } catch (error) {
     // The token is spent by now; say so plainly rather than leave the node waiting.
     log.error("enrol.failed", { node: token.node, error: errorText(error) });
-    return refuse(`enrolment failed on the control plane after the token was accepted: ${errorText(error)}`);
+    return refuse("enrolment failed on the control plane; its log says why");
   }
 }

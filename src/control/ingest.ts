@@ -35,8 +35,22 @@ export class Ingest {
         await this.refuse("*", delivery.kind, "the subject names no valid node");
         return "done";
       }
-      if (delivery.kind === "alive") await this.alive(delivery.node, delivery.body);
-      else await this.report(delivery.node, delivery.body);
+      // Only an enrolled node speaks: a retired node's identity may still be known to a broker that restarted.
+      const record = await this.context.store.nodes.get(delivery.node);
+      if (record?.state !== "enrolled") {
+        await this.refuse(
+          delivery.node,
+          delivery.kind,
+          `node ${delivery.node} is ${record?.state ?? "unknown"}, not enrolled`,
+        );
+        return "done";
+      }
+      // Never in the future, whatever the clocks say.
+      const spokeAt = new Date(
+        Math.min(delivery.receivedAt.getTime(), this.context.now().getTime()),
+      ).toISOString();
+      if (delivery.kind === "alive") await this.alive(delivery.node, delivery.body, spokeAt);
+      else await this.report(delivery.node, delivery.body, spokeAt, record.enrolledAt);
       return "done";
     } catch (error) {
       this.context.log.error("ingest.failed", {
@@ -56,7 +70,7 @@ export class Ingest {
     await this.context.store.nodes.touch(batch);
   }
 
-  private async alive(node: string, body: Uint8Array): Promise<void> {
+  private async alive(node: string, body: Uint8Array, spokeAt: string): Promise<void> {
     let alive;
     try {
       alive = parseAlive(body);
@@ -66,7 +80,7 @@ export class Ingest {
     }
     if (alive.node !== node) return this.refuse(node, "alive", `its body names node ${alive.node}`);
     // An alive moves last_seen and nothing else: it is never an account, so it can never empty a recovery copy.
-    this.seen.set(node, this.context.now().toISOString());
+    this.seen.set(node, spokeAt);
     if (alive.holds !== undefined) await this.catchUp(node, alive.holds);
   }
 
@@ -81,7 +95,12 @@ export class Ingest {
     await resendLatest(this.context.store, this.context.bus, node);
   }
 
-  private async report(node: string, body: Uint8Array): Promise<void> {
+  private async report(
+    node: string,
+    body: Uint8Array,
+    spokeAt: string,
+    enrolledAt: string | null,
+  ): Promise<void> {
     const { store } = this.context;
     let report: Report;
     try {
@@ -92,9 +111,14 @@ export class Ingest {
     }
     if (report.node !== node) return this.refuse(node, "report", `its body names node ${report.node}`);
     const now = this.context.now().toISOString();
-    this.seen.set(node, now);
+    this.seen.set(node, spokeAt);
 
-    const keptRecord = await store.accounts.recoveryCopy(node);
+    // A machine that enrolled again starts its report counter anew: accounts from before are not its order.
+    const latestRecord = await store.accounts.recoveryCopy(node);
+    const keptRecord =
+      latestRecord !== undefined && enrolledAt !== null && latestRecord.receivedAt < enrolledAt
+        ? undefined
+        : latestRecord;
     const kept: ReportAccount | undefined =
       keptRecord === undefined
         ? undefined

@@ -22,7 +22,8 @@ export class LivenessWatch {
     for (const node of await this.store.nodes.list()) {
       if (node.state !== "enrolled") continue;
       const reading = livenessOf(node.lastSeen, now, this.outOfTouchAfterMs);
-      const before = this.known.get(node.name);
+      // After a restart, the last crossing in the audit trail says where the node stood, so it is not told again.
+      const before = this.known.get(node.name) ?? (await this.lastRecorded(node.name));
       this.known.set(node.name, reading.liveness);
       if (before === reading.liveness) continue;
       if (reading.liveness === "out_of_touch") {
@@ -33,6 +34,15 @@ export class LivenessWatch {
         await this.record("node.back_in_touch", node.name, {}, now);
       }
     }
+  }
+
+  private async lastRecorded(node: string): Promise<Liveness | undefined> {
+    const events = await this.store.events.list({ limit: 20, node });
+    const crossing = events
+      .reverse()
+      .find((e) => e.kind === "node.out_of_touch" || e.kind === "node.back_in_touch");
+    if (crossing === undefined) return undefined;
+    return crossing.kind === "node.out_of_touch" ? "out_of_touch" : "here";
   }
 
   private async record(

@@ -1,7 +1,7 @@
 /**
  * Which broker identities must be refused now, derived from the store so every process computes the same set:
- * the identity of every token that was spent or revoked (until its own expiry makes the broker refuse it anyway)
- * and the identity of every retired node.
+ * the identity of every token that was spent or revoked (until its own expiry makes the broker refuse it anyway),
+ * the identity of every retired node, and every identity a node had before it enrolled again.
  */
 import type { Store } from "../store/index.js";
 
@@ -17,6 +17,9 @@ export async function currentRevocations(store: Store, now: Date): Promise<Map<s
     if (node.state === "retired" && node.brokerUser !== null && node.retiredAt !== null) {
       revoked.set(node.brokerUser, new Date(node.retiredAt));
     }
+  }
+  for (const identity of await store.revokedIdentities.list()) {
+    if (!revoked.has(identity.brokerUser)) revoked.set(identity.brokerUser, new Date(identity.since));
   }
   return revoked;
 }

@@ -37,14 +37,27 @@ export interface RunningControlPlane {
 export async function serve(settings: ServeSettings): Promise<RunningControlPlane> {
   const { options, log } = settings;
   const now = () => new Date();
-  const store = await openStore(options.storeUrl, { historyLimit: options.historyLimit });
   const signing = loadOrCreateSigningKey(join(options.dataDir, "keys"));
-  const side = await openControlSide(options.dataDir, settings.brokerUrl, log, settings.embedded);
-  await side.bus.assert();
+  const store = await openStore(options.storeUrl, { historyLimit: options.historyLimit });
+  // Nothing may stay open behind a control plane that did not start: the process must be able to end.
+  const side = await openControlSide(options.dataDir, settings.brokerUrl, log, {
+    ...(settings.embedded === undefined ? {} : { embedded: settings.embedded }),
+    longLived: true,
+  }).catch(async (error: unknown) => {
+    await store.close();
+    throw error;
+  });
   // The broker may have started from an older preload (it is not always ours to rewrite): bring its revocations
   // up to date now and after every reconnection.
   const syncRevocations = async () => side.identities.revoke(await currentRevocations(store, now()));
-  await syncRevocations();
+  try {
+    await side.bus.assert();
+    await syncRevocations();
+  } catch (error) {
+    await side.close();
+    await store.close();
+    throw error;
+  }
   side.bus.onReconnect(() => {
     syncRevocations().then(
       () => log.info("broker.reconnected", { revocations: "applied again" }),

@@ -6,7 +6,7 @@
  */
 import { join } from "node:path";
 import type { NodeBus } from "../bus/index.js";
-import { BrokerRefusedIdentity, openNodeSide } from "../bus/index.js";
+import { openNodeSide } from "../bus/index.js";
 import { MeshError } from "../errors.js";
 import { decodeSigningPublicKey, openDeclaration } from "../keys/index.js";
 import type { Declaration, Report } from "../link/index.js";
@@ -32,6 +32,10 @@ export interface AgentSettings {
 
 /** The items of the last report, kept so a refusal still says what the machine holds. */
 const heldItemsFile = "held-items.json";
+/** A report written but not yet stored by the broker: sent first on the next start, so none is ever lost. */
+const pendingReportFile = "pending-report.json";
+
+type ReportFields = Pick<Report, "epoch" | "sequence" | "digest" | "outcome" | "reason" | "items">;
 
 export class Agent {
   private readonly state: HostState;
@@ -41,6 +45,7 @@ export class Agent {
   private aliveTimer: NodeJS.Timeout | undefined;
   /** Declarations are handled one at a time, in the order they arrive. */
   private queue: Promise<void> = Promise.resolve();
+  private stopping = false;
 
   constructor(private readonly settings: AgentSettings) {
     this.state = new HostState(settings.stateDir);
@@ -59,7 +64,7 @@ export class Agent {
     return this.identity.node;
   }
 
-  /** Runs until stopped or until the broker refuses the node's identity (it was retired). */
+  /** Runs until stopped, or until the broker refuses the node's identity (it was retired). */
   async run(): Promise<void> {
     const seed = this.state.loadSecret(brokerSeedFile);
     const bus = await openNodeSide(
@@ -69,6 +74,8 @@ export class Agent {
       seed,
     );
     this.bus = bus;
+    const pending = this.state.loadSecret(pendingReportFile);
+    if (pending !== undefined) await this.send(pending);
     const consuming = bus.consumeNode((body) => this.enqueue(body));
     await this.sayAlive();
     this.aliveTimer = setInterval(() => void this.sayAlive(), this.settings.aliveEveryMs);
@@ -76,11 +83,11 @@ export class Agent {
     const closed = await bus.closed();
     clearInterval(this.aliveTimer);
     await consuming;
-    if (closed instanceof BrokerRefusedIdentity) throw closed;
     if (closed !== undefined) throw closed;
   }
 
   async stop(): Promise<void> {
+    this.stopping = true;
     clearInterval(this.aliveTimer);
     await this.queue;
     await this.bus?.close();
@@ -124,13 +131,13 @@ export class Agent {
       return this.refuse(`declaration refused: it is for node ${declaration.node}, this is ${this.node}`);
     }
     const last = this.state.lastApplied();
-    // The very declaration already applied, delivered again (a resend crossed our alive): nothing to do or say.
     if (
       last !== undefined &&
       declaration.epoch === last.epoch &&
       declaration.sequence === last.sequence &&
       declaration.digest === last.digest
     ) {
+      // The very declaration already applied, delivered again (a resend crossed our alive): nothing to do or say.
       return;
     }
     if (last !== undefined && declaration.epoch < last.epoch) {
@@ -143,6 +150,7 @@ export class Agent {
         `declaration refused: sequence ${declaration.sequence} is not newer than ${last.sequence}, the last applied`,
       );
     }
+
     let items: Report["items"];
     try {
       items = await this.applier.apply(declaration.items.filter((item) => item.type === "file"));
@@ -153,13 +161,8 @@ export class Agent {
       items = declaration.items.map((item) => ({ id: item.id, state: "failed" as const, reason }));
     }
     const failed = items.filter((item) => item.state === "failed");
-    this.state.recordApplied({
-      epoch: declaration.epoch,
-      sequence: declaration.sequence,
-      digest: declaration.digest,
-    });
-    this.state.saveSecret(heldItemsFile, JSON.stringify(items));
-    await this.report({
+    // The report is on disk before the declaration counts as applied: a crash in between sends it on restart.
+    const report = this.composeReport({
       epoch: declaration.epoch,
       sequence: declaration.sequence,
       digest: declaration.digest,
@@ -167,6 +170,13 @@ export class Agent {
       ...(failed.length === 0 ? {} : { reason: `${failed.length} of ${items.length} item(s) failed` }),
       items,
     });
+    this.state.recordApplied({
+      epoch: declaration.epoch,
+      sequence: declaration.sequence,
+      digest: declaration.digest,
+    });
+    this.state.saveSecret(heldItemsFile, JSON.stringify(items));
+    await this.send(report);
     const where = { sequence: declaration.sequence, epoch: declaration.epoch };
     if (failed.length === 0) this.settings.log.info("agent.applied", where);
     else
@@ -181,7 +191,7 @@ export class Agent {
     this.settings.log.warn("agent.refused", { reason });
     const last = this.state.lastApplied();
     const held = this.state.loadSecret(heldItemsFile);
-    await this.report({
+    const report = this.composeReport({
       epoch: last?.epoch ?? 0,
       sequence: last?.sequence ?? 0,
       digest: last?.digest ?? emptyDigest,
@@ -189,30 +199,39 @@ export class Agent {
       reason,
       items: held === undefined ? [] : (JSON.parse(held) as Report["items"]),
     });
+    await this.send(report);
   }
 
-  private async report(
-    fields: Pick<Report, "epoch" | "sequence" | "digest" | "outcome" | "reason" | "items">,
-  ): Promise<void> {
-    const reportSequence = this.state.nextReportSequence();
-    const body = encodeMessage({
-      kind: "report",
-      node: this.node,
-      ...fields,
-      report_sequence: reportSequence,
-      sent_at: new Date().toISOString(),
-    });
-    // A report must arrive: retry until the stream has stored it (the broker drops a repeat by its id).
-    for (let attempt = 0; ; attempt++) {
+  /** Writes the next report, with the next report_sequence, as pending, and returns it. */
+  private composeReport(fields: ReportFields): string {
+    const text = new TextDecoder().decode(
+      encodeMessage({
+        kind: "report",
+        node: this.node,
+        ...fields,
+        report_sequence: this.state.nextReportSequence(),
+        sent_at: new Date().toISOString(),
+      }),
+    );
+    this.state.saveSecret(pendingReportFile, text);
+    return text;
+  }
+
+  /** Sends a pending report until the broker has stored it, or until the agent stops (then it stays pending). */
+  private async send(text: string): Promise<void> {
+    const { report_sequence: sequence } = JSON.parse(text) as { report_sequence?: number };
+    const id = `${this.node}:${sequence ?? "unordered"}`;
+    for (let attempt = 0; !this.stopping; attempt++) {
       try {
-        await this.bus?.publishReport(body, `${this.node}:${reportSequence}`);
+        // The broker drops a repeat by its id, so sending again after a crash is safe.
+        await this.bus?.publishReport(new TextEncoder().encode(text), id);
+        this.state.removeSecret(pendingReportFile);
         return;
       } catch (error) {
-        this.settings.log.warn("agent.report_retry", {
-          report_sequence: reportSequence,
-          error: errorText(error),
-        });
-        await new Promise((resolve) => setTimeout(resolve, Math.min(30_000, 500 * 2 ** attempt)));
+        this.settings.log.warn("agent.report_retry", { report: id, error: errorText(error) });
+        await new Promise((resolve) =>
+          setTimeout(resolve, Math.min(30_000, 500 * 2 ** Math.min(attempt, 6))),
+        );
       }
     }
   }

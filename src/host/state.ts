@@ -3,7 +3,7 @@
  * enrolment, its own keys, small secrets, its report counter and the last declaration it applied.
  */
 import type { KeyObject } from "node:crypto";
-import { lstatSync, mkdirSync, readFileSync } from "node:fs";
+import { lstatSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { homedir } from "node:os";
 import { join, resolve } from "node:path";
 import { z } from "zod";
@@ -164,6 +164,11 @@ export class HostState {
    */
   loadSecret(name: string): string | undefined {
     return this.readIfPresent(this.secretFile(name), "private");
+  }
+
+  /** Removes a secret kept by {@link saveSecret}; removing one that is not there is not an error. */
+  removeSecret(name: string): void {
+    rmSync(join(this.dir, this.secretFile(name)), { force: true });
   }
 
   /**

@@ -112,9 +112,25 @@ const counters: NumberedMigration = () => ({
   },
 });
 
+/** Broker identities that must stay refused: a node's earlier identity once it enrolled again with a new one. */
+const revokedIdentities: NumberedMigration = () => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema
+      .createTable("revoked_identities")
+      .addColumn("broker_user", "text", (c) => c.primaryKey())
+      .addColumn("node", "text", (c) => c.notNull())
+      .addColumn("since", "text", (c) => c.notNull())
+      .execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema.dropTable("revoked_identities").execute();
+  },
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
+  ["0003_revoked_identities", revokedIdentities],
 ];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {

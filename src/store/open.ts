@@ -10,6 +10,7 @@ import pg from "pg";
 import { StoreError } from "../errors.js";
 import { AccountQueries } from "./accounts.js";
 import { CounterQueries } from "./counters.js";
+import { RevokedIdentityQueries } from "./revoked-identities.js";
 import { DeclarationQueries } from "./declarations.js";
 import { EpochQueries } from "./epochs.js";
 import { EventQueries } from "./events.js";
@@ -33,6 +34,7 @@ export class Store {
   readonly events: EventQueries;
   readonly epochs: EpochQueries;
   readonly counters: CounterQueries;
+  readonly revokedIdentities: RevokedIdentityQueries;
 
   constructor(
     readonly dialect: Dialect,
@@ -46,6 +48,7 @@ export class Store {
     this.events = new EventQueries(db);
     this.epochs = new EpochQueries(db);
     this.counters = new CounterQueries(db);
+    this.revokedIdentities = new RevokedIdentityQueries(db);
   }
 
   async close(): Promise<void> {

@@ -85,7 +85,14 @@ export interface NodeCounterTable {
   value: number;
 }
 
+export interface RevokedIdentityTable {
+  broker_user: string;
+  node: string;
+  since: string;
+}
+
 export interface Database {
+  revoked_identities: RevokedIdentityTable;
   node_counters: NodeCounterTable;
   nodes: NodeTable;
   tokens: TokenTable;

@@ -316,6 +316,26 @@ describe("the mesh end to end over NATS", () => {
     assert.doesNotMatch(up.stderr(), /alive/i);
   });
 
+  test("re-enrolment — a machine that joins again gets a new identity and the old one is refused", async () => {
+    const oldState = join(dir.path, "re-1");
+    const root = join(dir.path, "root-re");
+    mkdirSync(root);
+    assert.equal((await meshHost(["join", await issue("re-1"), "--state", oldState])).code, 0);
+    const oldAgent = runAgent(oldState, root);
+    await eventually("re-1 to be here", async () =>
+      (await show("re-1")).liveness === "here" ? true : undefined,
+    );
+    // The machine is rebuilt: a new state dir, a new token for the same node record.
+    const joined = await meshHost(["join", await issue("re-1"), "--state", join(dir.path, "re-1-rebuilt")]);
+    assert.equal(joined.code, 0, joined.stderr);
+    const code = await Promise.race([
+      oldAgent.exited,
+      new Promise((resolve) => setTimeout(() => resolve("running"), 10_000)),
+    ]);
+    assert.equal(code, 1, "the old identity is dropped by the broker");
+    assert.match(oldAgent.stderr(), /refused this identity/);
+  });
+
   test("retire — the broker drops the node's connection and refuses it; its agent ends with a clear error", async () => {
     const agent = agents[0];
     assert.ok(agent !== undefined);

@@ -205,4 +205,37 @@ describe("mesh serve with an operator's nats-server", () => {
       ),
     );
   });
+
+  test("enrolment — the control plane answers only in the requester's own reply space", async () => {
+    const token = decodeToken(
+      (JSON.parse((await cli(["token", "issue", "edge-5", "--json"])).stdout) as { token: string }).token,
+    );
+    if (token.broker?.credential.type !== "nats") throw new Error("a NATS token was expected");
+    const { jwt, seed } = token.broker.credential;
+    const nc = await connect({
+      servers: url,
+      inboxPrefix: "node.edge-5.reply",
+      authenticator: jwtAuthenticator(jwt, new TextEncoder().encode(seed)),
+    });
+    try {
+      const before = await show();
+      // A well-formed enrolment whose reply subject points at another node's queue.
+      nc.publish("mesh.enrol.edge-5", JSON.stringify({ kind: "enrol" }), {
+        reply: "node.edge-1.declaration",
+      });
+      await nc.flush();
+      await eventually("the control plane to log the foreign reply subject", () =>
+        /enrol\.foreign_reply_subject/.test(serve?.stderr() ?? "") ? true : undefined,
+      );
+      const after = await show();
+      assert.deepEqual(after.refused, before.refused, "nothing reached edge-1's queue");
+      const tokens = JSON.parse((await cli(["token", "list", "--json"])).stdout) as Array<{
+        id: string;
+        status: string;
+      }>;
+      assert.equal(tokens.find((t) => t.id === token.id)?.status, "valid", "the request was not even read");
+    } finally {
+      await nc.close();
+    }
+  });
 });

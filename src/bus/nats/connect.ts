@@ -30,7 +30,14 @@ export async function connectNats(options: NatsConnectOptions): Promise<NatsConn
       timeout: options.timeoutMs ?? 5000,
       ...(options.inboxPrefix === undefined ? {} : { inboxPrefix: options.inboxPrefix }),
       ...(options.reconnect
-        ? { reconnect: true, maxReconnectAttempts: -1, reconnectTimeWait: 1000, reconnectJitter: 1000 }
+        ? // A process that lives on (an agent, a control plane) also waits for a broker that is not up yet.
+          {
+            reconnect: true,
+            maxReconnectAttempts: -1,
+            reconnectTimeWait: 1000,
+            reconnectJitter: 1000,
+            waitOnFirstConnect: true,
+          }
         : { reconnect: false }),
     });
   } catch (error) {

@@ -14,7 +14,13 @@ import {
   RetentionPolicy,
   StorageType,
 } from "@nats-io/jetstream";
-import { declarationSubject, eventSubject, natsPattern, readControlSubject } from "../../link/index.js";
+import {
+  declarationSubject,
+  eventSubject,
+  inboxPrefix,
+  natsPattern,
+  readControlSubject,
+} from "../../link/index.js";
 import type { Logger } from "../../log.js";
 import { errorText } from "../../log.js";
 import type { ControlBus, ControlDelivery, DeliveryOutcome, EnrolAnswer, EnrolRequest } from "../bus.js";
@@ -40,6 +46,8 @@ export class NatsControlBus implements ControlBus {
   private readonly js: JetStreamClient;
   private enrolments: Subscription | undefined;
   private messages: ConsumerMessages | undefined;
+  /** Enrolments being answered; closing waits for them, so none is cut off between its reply and its revocation. */
+  private readonly inFlight = new Set<Promise<void>>();
 
   constructor(
     private readonly nc: NatsConnection,
@@ -92,7 +100,13 @@ export class NatsControlBus implements ControlBus {
           return;
         }
         const node = read.node;
-        answer({ node, body: msg.data })
+        // The control plane may publish where a token may not; answering on a reply subject the requester chose
+        // freely would lend it those rights. Only the node's own reply space is answered.
+        if (msg.reply === undefined || !msg.reply.startsWith(`${inboxPrefix(node)}.`)) {
+          this.log.warn("enrol.foreign_reply_subject", { node, reply: msg.reply ?? null });
+          return;
+        }
+        const work = answer({ node, body: msg.data })
           .then(async ({ reply, afterReply }) => {
             msg.respond(reply);
             // The reply must reach the server before anything revokes the identity it is addressed to.
@@ -101,7 +115,9 @@ export class NatsControlBus implements ControlBus {
           })
           .catch((failure: unknown) =>
             this.log.error("enrol.answer_failed", { node, error: errorText(failure) }),
-          );
+          )
+          .finally(() => this.inFlight.delete(work));
+        this.inFlight.add(work);
       },
     });
     await this.nc.flush();
@@ -118,6 +134,7 @@ export class NatsControlBus implements ControlBus {
         node: read?.node,
         body: msg.data,
         redelivered: msg.redelivered,
+        receivedAt: msg.time,
       });
       if (outcome === "done") msg.ack();
       else msg.nak(1000);
@@ -144,6 +161,7 @@ export class NatsControlBus implements ControlBus {
 
   async close(): Promise<void> {
     this.enrolments?.unsubscribe();
+    await Promise.all(this.inFlight);
     await this.messages?.close();
     if (!this.nc.isClosed()) await this.nc.drain();
   }

@@ -29,6 +29,7 @@ export interface EmbeddedServer {
 
 export class NatsBrokerIdentities implements BrokerIdentities {
   private system: NatsConnection | undefined;
+  private revoking: Promise<void> = Promise.resolve();
 
   constructor(
     private readonly authority: NatsAuthority,
@@ -75,7 +76,20 @@ export class NatsBrokerIdentities implements BrokerIdentities {
     };
   }
 
-  async revoke(revoked: ReadonlyMap<string, Date>): Promise<void> {
+  /**
+   * One at a time: each push carries the whole list, so two racing pushes could leave the older one last (and each
+   * would open its own system connection).
+   */
+  revoke(revoked: ReadonlyMap<string, Date>): Promise<void> {
+    const run = this.revoking.then(
+      () => this.pushRevocations(revoked),
+      () => this.pushRevocations(revoked),
+    );
+    this.revoking = run;
+    return run;
+  }
+
+  private async pushRevocations(revoked: ReadonlyMap<string, Date>): Promise<void> {
     const account = await accountJwt(this.authority, asRevocations(revoked));
     if (this.embedded !== undefined) await this.writeServerConfig(revoked);
     await pushAccountUpdate(await this.systemConnection(), this.authority.account.getPublicKey(), account);

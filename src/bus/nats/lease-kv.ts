@@ -1,0 +1,95 @@
+/**
+ * The lease in a NATS key-value bucket: key `holder`, taken by create, renewed by update on the last revision,
+ * aged out by the bucket's TTL. A revision is the bucket stream's sequence, so it keeps rising — except when the
+ * bucket is deleted and made again, which is why the lease keeps an epoch floor.
+ */
+import type { NatsConnection } from "@nats-io/transport-node";
+import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import type { KV } from "@nats-io/kv";
+import { Kvm } from "@nats-io/kv";
+import type { HolderInfo, LeaseBackend, LeaseRecord } from "../../lease/lease.js";
+import { BusError } from "../errors.js";
+
+export const leaseBucket = "mesh-controller_lease";
+const key = "holder";
+/** "Wrong last sequence": a create of a key that exists, or an update or delete on a stale revision. */
+const wrongLastSequence = 10071;
+
+export class NatsKvLease implements LeaseBackend {
+  private constructor(
+    private readonly nc: NatsConnection,
+    private kv: KV,
+    private readonly bucket: string,
+    private readonly ttlMs: number,
+  ) {}
+
+  get where(): string {
+    return `NATS bucket ${this.bucket}`;
+  }
+
+  static async open(nc: NatsConnection, ttlMs: number, bucket = leaseBucket): Promise<NatsKvLease> {
+    return new NatsKvLease(nc, await NatsKvLease.bucket(nc, bucket, ttlMs), bucket, ttlMs);
+  }
+
+  private static bucket(nc: NatsConnection, bucket: string, ttlMs: number): Promise<KV> {
+    // No direct gets: in a cluster a follower could answer with an older holder.
+    return new Kvm(nc).create(bucket, { ttl: ttlMs, history: 1, allow_direct: false });
+  }
+
+  async take(holder: HolderInfo): Promise<number | undefined> {
+    const outcome = await this.unlessStale(() => this.kv.create(key, JSON.stringify(holder)));
+    return outcome.written ? outcome.revision : undefined;
+  }
+
+  async renew(holder: HolderInfo, revision: number): Promise<number | undefined> {
+    const outcome = await this.unlessStale(() => this.kv.update(key, JSON.stringify(holder), revision));
+    return outcome.written ? outcome.revision : undefined;
+  }
+
+  async release(revision: number): Promise<boolean> {
+    const outcome = await this.unlessStale(async () => {
+      await this.kv.delete(key, { previousSeq: revision });
+      return revision;
+    });
+    return outcome.written;
+  }
+
+  async read(): Promise<LeaseRecord | undefined> {
+    const entry = await this.kv.get(key);
+    if (entry === null || entry.operation !== "PUT") return undefined;
+    return { holder: entry.json<HolderInfo>(), revision: entry.revision };
+  }
+
+  async raiseAbove(floor: number): Promise<boolean> {
+    const jsm = await jetstreamManager(this.nc);
+    const stream = `KV_${this.bucket}`;
+    const info = await jsm.streams.info(stream);
+    if (info.state.last_seq > floor) return false;
+    // Purging up to floor + 1 makes the stream's next sequence, and so the next revision, floor + 1.
+    await jsm.streams.purge(stream, { seq: floor + 1 });
+    this.kv = await NatsKvLease.bucket(this.nc, this.bucket, this.ttlMs);
+    return true;
+  }
+
+  async close(): Promise<void> {
+    await Promise.resolve();
+  }
+
+  /** Runs a compare-and-set write; a stale revision is an answer (someone else holds the lease), not a failure. */
+  private async unlessStale(
+    write: () => Promise<number>,
+  ): Promise<{ written: true; revision: number } | { written: false }> {
+    try {
+      return { written: true, revision: await write() };
+    } catch (error) {
+      if (error instanceof JetStreamApiError && error.code === wrongLastSequence) return { written: false };
+      throw new BusError(
+        "lease",
+        `the lease in ${this.where} could not be written: ${(error as Error).message}`,
+        {
+          cause: error,
+        },
+      );
+    }
+  }
+}

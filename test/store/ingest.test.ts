@@ -1,0 +1,143 @@
+/**
+ * The ingest rules on a real store (SQLite and PostgreSQL). The deliveries are built here as the broker adapter
+ * would hand them over; these rules never send anything, so the bus given to them refuses to be used.
+ */
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import type { ControlBus, ControlDelivery } from "../../src/bus/index.js";
+import { Ingest } from "../../src/control/ingest.js";
+import { createLogger } from "../../src/log.js";
+import { emptyDigest, encodeMessage } from "../../src/link/index.js";
+import type { Store } from "../../src/store/index.js";
+import { openStore } from "../../src/store/index.js";
+import { storeBackends } from "../support/stores.js";
+
+const unusedBus: ControlBus = new Proxy({} as ControlBus, {
+  get: (_, name) => () => Promise.reject(new Error(`ingest must not use the bus here (${String(name)})`)),
+});
+
+for (const backend of storeBackends) {
+  describe(`ingest (${backend.name})`, () => {
+    let location: { url: string; cleanup(): Promise<void> };
+    let store: Store;
+    let clock = new Date("2026-06-01T12:00:00.000Z");
+    const lines: string[] = [];
+    let ingest: Ingest;
+    before(async () => {
+      location = await backend.fresh();
+      store = await openStore(location.url, { historyLimit: 10 });
+      ingest = new Ingest({
+        store,
+        bus: unusedBus,
+        log: createLogger({ write: (line) => lines.push(line), pretty: false }),
+        now: () => clock,
+        resendAfterMs: 1000,
+      });
+    });
+    after(async () => {
+      await store.close();
+      await location.cleanup();
+    });
+
+    const enrol = async (node: string, at: Date) => {
+      await store.tokens.issue({
+        id: `tok_${Buffer.from(node).toString("hex").padEnd(12, "0").slice(0, 12)}`,
+        node,
+        secretHash: "00",
+        createdAt: at.toISOString(),
+        expiresAt: new Date(at.getTime() + 60_000).toISOString(),
+      });
+      await store.nodes.enrol(node, {
+        signingKey: "s",
+        overlayKey: "o",
+        brokerUser: `U-${node}`,
+        profile: "{}",
+        at: at.toISOString(),
+      });
+    };
+    const delivery = (
+      kind: "report" | "alive",
+      node: string,
+      body: object,
+      receivedAt = clock,
+    ): ControlDelivery => ({
+      kind,
+      node,
+      body: encodeMessage(body as never),
+      redelivered: false,
+      receivedAt,
+    });
+    const report = (node: string, reportSequence: number) => ({
+      kind: "report",
+      node,
+      epoch: 0,
+      sequence: 0,
+      report_sequence: reportSequence,
+      digest: emptyDigest,
+      outcome: "applied",
+      items: [],
+      sent_at: clock.toISOString(),
+    });
+
+    test("ingest — last_seen is when the broker received the alive, not when it was processed", async () => {
+      await enrol("late-1", clock);
+      const spokeAt = new Date(clock.getTime() - 40_000);
+      clock = new Date(clock.getTime() + 1000);
+      const alive = { kind: "alive", node: "late-1", sent_at: spokeAt.toISOString() };
+      assert.equal(await ingest.handle(delivery("alive", "late-1", alive, spokeAt)), "done");
+      await ingest.flush();
+      assert.equal((await store.nodes.get("late-1"))?.lastSeen, spokeAt.toISOString());
+      assert.equal(await store.accounts.recoveryCopy("late-1"), undefined, "an alive is never an account");
+    });
+
+    test("ingest — a retired node's messages are refused and counted, never kept", async () => {
+      await enrol("gone-1", clock);
+      await store.nodes.retire("gone-1", clock.toISOString());
+      const alive = { kind: "alive", node: "gone-1", sent_at: clock.toISOString() };
+      assert.equal(await ingest.handle(delivery("alive", "gone-1", alive)), "done");
+      assert.equal(await ingest.handle(delivery("report", "gone-1", report("gone-1", 1))), "done");
+      await ingest.flush();
+      assert.equal((await store.nodes.get("gone-1"))?.lastSeen, null);
+      assert.equal(await store.accounts.recoveryCopy("gone-1"), undefined);
+      assert.deepEqual(await store.counters.of("gone-1"), { alive_refused: 1, report_refused: 1 });
+    });
+
+    test("ingest — a machine that enrolled again starts its report order anew", async () => {
+      await enrol("again-1", clock);
+      assert.equal(await ingest.handle(delivery("report", "again-1", report("again-1", 7))), "done");
+      assert.equal(await ingest.handle(delivery("report", "again-1", report("again-1", 3))), "done");
+      assert.equal(
+        (await store.accounts.recoveryCopy("again-1"))?.reportSequence,
+        7,
+        "an older report is refused",
+      );
+      clock = new Date(clock.getTime() + 5000);
+      await store.nodes.enrol("again-1", {
+        signingKey: "s2",
+        overlayKey: "o2",
+        brokerUser: "U-again-2",
+        profile: "{}",
+        at: clock.toISOString(),
+      });
+      clock = new Date(clock.getTime() + 1000);
+      assert.equal(await ingest.handle(delivery("report", "again-1", report("again-1", 1))), "done");
+      assert.equal((await store.accounts.recoveryCopy("again-1"))?.reportSequence, 1);
+    });
+
+    test("ingest — bad input is refused with a reason, counted, and acknowledged", async () => {
+      await enrol("bad-1", clock);
+      const garbage: ControlDelivery = {
+        kind: "report",
+        node: "bad-1",
+        body: new TextEncoder().encode("{nope"),
+        redelivered: false,
+        receivedAt: clock,
+      };
+      assert.equal(await ingest.handle(garbage), "done");
+      assert.equal(await ingest.handle({ ...garbage, node: undefined }), "done");
+      assert.deepEqual(await store.counters.of("bad-1"), { report_refused: 1 });
+      assert.deepEqual(await store.counters.of("*"), { report_refused: 1 });
+      assert.ok(lines.some((line) => line.includes('"event":"report.refused"') && line.includes("bad-1")));
+    });
+  });
+}
