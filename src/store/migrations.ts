@@ -127,10 +127,27 @@ const revokedIdentities: NumberedMigration = () => ({
   },
 });
 
+/** The lease for deployments without NATS: one row whose revision only ever rises. */
+const controllerLease: NumberedMigration = () => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema
+      .createTable("controller_lease")
+      .addColumn("name", "text", (c) => c.primaryKey())
+      .addColumn("holder", "text")
+      .addColumn("revision", "integer", (c) => c.notNull())
+      .addColumn("expires_at", "text")
+      .execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema.dropTable("controller_lease").execute();
+  },
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
   ["0003_revoked_identities", revokedIdentities],
+  ["0004_controller_lease", controllerLease],
 ];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {

@@ -10,6 +10,7 @@ import pg from "pg";
 import { StoreError } from "../errors.js";
 import { AccountQueries } from "./accounts.js";
 import { CounterQueries } from "./counters.js";
+import { SqlLease } from "./lease.js";
 import { RevokedIdentityQueries } from "./revoked-identities.js";
 import { DeclarationQueries } from "./declarations.js";
 import { EpochQueries } from "./epochs.js";
@@ -49,6 +50,11 @@ export class Store {
     this.epochs = new EpochQueries(db);
     this.counters = new CounterQueries(db);
     this.revokedIdentities = new RevokedIdentityQueries(db);
+  }
+
+  /** The lease kept in this store (for deployments without NATS). */
+  lease(ttlMs: number, now?: () => Date): SqlLease {
+    return new SqlLease(this.db, ttlMs, now);
   }
 
   async close(): Promise<void> {

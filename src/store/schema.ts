@@ -91,7 +91,16 @@ export interface RevokedIdentityTable {
   since: string;
 }
 
+export interface ControllerLeaseTable {
+  name: string;
+  /** The holder's JSON, or null when nobody holds the lease. */
+  holder: string | null;
+  revision: number;
+  expires_at: string | null;
+}
+
 export interface Database {
+  controller_lease: ControllerLeaseTable;
   revoked_identities: RevokedIdentityTable;
   node_counters: NodeCounterTable;
   nodes: NodeTable;

@@ -1,0 +1,52 @@
+/**
+ * The lease: which of several controllers acts. One record, taken by create and renewed by compare-and-set; the
+ * revision at which it was taken is the epoch, a fencing token carried by everything the holder writes. The gate is
+ * the clock: a holder acts only until its last successful renewal + TTL − margin, whatever else it believes.
+ */
+
+/** Who holds the lease, as stored in it. */
+export interface HolderInfo {
+  id: string;
+  host: string;
+  pid: number;
+  taken_at: string;
+}
+
+export interface LeaseRecord {
+  holder: HolderInfo;
+  revision: number;
+}
+
+/** The stores a lease can live in (a NATS key-value bucket, a SQL row), in the lease's words. */
+export interface LeaseBackend {
+  /** A name for logs: where the lease lives. */
+  readonly where: string;
+  /** Takes the lease when nobody holds it: the revision written, or undefined when it is held. */
+  take(holder: HolderInfo): Promise<number | undefined>;
+  /** Renews by compare-and-set on `revision`: the new revision, or undefined when the lease is no longer ours. */
+  renew(holder: HolderInfo, revision: number): Promise<number | undefined>;
+  /** Gives the lease back if `revision` is still the current one. Returns whether it was ours to give. */
+  release(revision: number): Promise<boolean>;
+  /** The current holder, read from the authoritative copy, or undefined when nobody holds the lease. */
+  read(): Promise<LeaseRecord | undefined>;
+  /**
+   * Makes sure the next revision is above `floor` (revisions restart when a bucket is recreated). Returns true when
+   * it had to move the revisions, so the caller can say so.
+   */
+  raiseAbove(floor: number): Promise<boolean>;
+  close(): Promise<void>;
+}
+
+/** Every duration of the lease, in milliseconds. Production: renew every 5 s, TTL 15 s, stop acting 3 s early. */
+export interface LeaseTimings {
+  renewEveryMs: number;
+  ttlMs: number;
+  marginMs: number;
+}
+
+export const defaultLeaseTimings: LeaseTimings = { renewEveryMs: 5000, ttlMs: 15_000, marginMs: 3000 };
+
+/** Whether a holder whose last successful renewal began at `renewedAt` may still act at `now` (both monotonic). */
+export function gateOpen(renewedAt: number, now: number, timings: LeaseTimings): boolean {
+  return now < renewedAt + timings.ttlMs - timings.marginMs;
+}

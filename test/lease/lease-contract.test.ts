@@ -1,0 +1,183 @@
+/**
+ * One contract, every lease store: a NATS key-value bucket on the machine's nats-server, and the SQL row on SQLite
+ * and PostgreSQL. Short timings stand in for the production 5 s / 15 s / 3 s.
+ */
+import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
+import { after, before, describe, test } from "node:test";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { connect } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { NatsKvLease } from "../../src/bus/nats/lease-kv.js";
+import { LeaseHolder } from "../../src/lease/holder.js";
+import type { HolderInfo, LeaseBackend, LeaseTimings } from "../../src/lease/lease.js";
+import { createLogger } from "../../src/log.js";
+import type { Store } from "../../src/store/index.js";
+import { openStore } from "../../src/store/index.js";
+import { storeBackends } from "../support/stores.js";
+
+const timings: LeaseTimings = { renewEveryMs: 300, ttlMs: 1500, marginMs: 300 };
+const natsUrl = process.env.MESH_TEST_NATS ?? "nats://127.0.0.1:4222";
+const holder = (id: string): HolderInfo => ({
+  id,
+  host: "test",
+  pid: process.pid,
+  taken_at: new Date().toISOString(),
+});
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+interface Fixture {
+  name: string;
+  open(): Promise<{
+    backend: () => Promise<LeaseBackend>;
+    reset(): Promise<void>;
+    store: Store;
+    close(): Promise<void>;
+  }>;
+}
+
+const fixtures: Fixture[] = [
+  {
+    name: "NATS key-value",
+    async open() {
+      const nc: NatsConnection = await connect({ servers: natsUrl });
+      const bucket = `mesh-lease-test-${randomBytes(4).toString("hex")}`;
+      const location = await storeBackends[0]!.fresh();
+      const store = await openStore(location.url, { historyLimit: 5 });
+      return {
+        backend: () => NatsKvLease.open(nc, timings.ttlMs, bucket),
+        reset: async () => {
+          await (await jetstreamManager(nc)).streams.delete(`KV_${bucket}`);
+        },
+        store,
+        close: async () => {
+          await (await jetstreamManager(nc)).streams.delete(`KV_${bucket}`).catch((error: unknown) => {
+            if (!/not found/i.test(String(error))) throw error;
+            return false;
+          });
+          await nc.close();
+          await store.close();
+          await location.cleanup();
+        },
+      };
+    },
+  },
+  ...storeBackends.map((storeBackend): Fixture => ({
+    name: `SQL on ${storeBackend.name}`,
+    async open() {
+      let location = await storeBackend.fresh();
+      let store = await openStore(location.url, { historyLimit: 5 });
+      return {
+        backend: () => Promise.resolve(store.lease(timings.ttlMs)),
+        // A new, empty store: its lease revisions start from nothing, as a recreated bucket's do.
+        reset: async () => {
+          await store.close();
+          await location.cleanup();
+          location = await storeBackend.fresh();
+          store = await openStore(location.url, { historyLimit: 5 });
+        },
+        get store() {
+          return store;
+        },
+        close: async () => {
+          await store.close();
+          await location.cleanup();
+        },
+      };
+    },
+  })),
+];
+
+for (const fixture of fixtures) {
+  describe(`lease (${fixture.name})`, () => {
+    let f: Awaited<ReturnType<Fixture["open"]>>;
+    before(async () => {
+      f = await fixture.open();
+    });
+    after(async () => {
+      await f.close();
+    });
+
+    test("lease — taken by create, refused to a second holder while held; the epoch is the revision", async () => {
+      const lease = await f.backend();
+      const epoch = await lease.take(holder("a"));
+      assert.ok(epoch !== undefined && epoch >= 1);
+      assert.equal(await lease.take(holder("b")), undefined);
+      const current = await lease.read();
+      assert.equal(current?.holder.id, "a");
+      assert.equal(current?.revision, epoch);
+      assert.equal(await lease.release(epoch), true);
+    });
+
+    test("lease — renewal is compare-and-set on the last revision", async () => {
+      const lease = await f.backend();
+      const first = await lease.take(holder("a"));
+      assert.ok(first !== undefined);
+      const second = await lease.renew(holder("a"), first);
+      assert.ok(second !== undefined && second > first);
+      assert.equal(await lease.renew(holder("a"), first), undefined, "a stale revision is refused");
+      assert.equal(await lease.release(first), false, "only the current revision gives the lease back");
+      assert.equal(await lease.release(second), true);
+      assert.equal(await lease.read(), undefined);
+    });
+
+    test("lease — an unrenewed lease ages out; another takes it and the old holder's renewal is refused", async () => {
+      const lease = await f.backend();
+      const old = await lease.take(holder("a"));
+      assert.ok(old !== undefined);
+      await sleep(timings.ttlMs + 700);
+      const taken = await lease.take(holder("b"));
+      assert.ok(taken !== undefined && taken > old);
+      assert.equal(await lease.renew(holder("a"), old), undefined);
+      assert.equal((await lease.read())?.holder.id, "b");
+      assert.equal(await lease.release(taken), true);
+    });
+
+    test("lease — after its store is reset, the next epoch is above every earlier one (the floor)", async () => {
+      const lease = await f.backend();
+      const epoch = await lease.take(holder("a"));
+      assert.ok(epoch !== undefined);
+      await f.store.epochs.record(epoch + 40, "a", new Date().toISOString());
+      await lease.release(epoch);
+      await f.reset();
+      const fresh = await f.backend();
+      const floor = await f.store.epochs.floor();
+      // The store behind the floor may itself be new (the SQL case): keep the floor we knew.
+      const known = Math.max(floor, epoch + 40);
+      assert.equal(await fresh.raiseAbove(known), true);
+      const next = await fresh.take(holder("b"));
+      assert.ok(next !== undefined && next > known, `epoch ${next} is above the floor ${known}`);
+      assert.equal(await fresh.raiseAbove(known), false, "nothing to raise once above");
+      assert.ok(next !== undefined && (await fresh.release(next)));
+    });
+
+    test("lease — the holder acts only until its last renewal + TTL − margin, and a refused renewal is a loss", async () => {
+      let now = 0;
+      const lines: string[] = [];
+      const lease = await f.backend();
+      const a = new LeaseHolder({
+        backend: lease,
+        epochs: f.store.epochs,
+        timings: { ...timings, renewEveryMs: 60_000 },
+        holder: holder("a"),
+        log: createLogger({ write: (line) => lines.push(line), pretty: false }),
+        clock: () => now,
+      });
+      assert.equal(await a.tryTake(), true);
+      assert.equal(await f.store.epochs.floor(), a.epoch, "the epoch taken is recorded, and is the new floor");
+      now = timings.ttlMs - timings.marginMs - 1;
+      assert.equal(a.canAct(), true);
+      now = timings.ttlMs - timings.marginMs;
+      assert.equal(a.canAct(), false, "the gate closes on the clock, with nothing else said");
+
+      await sleep(timings.ttlMs + 700);
+      const b = await f.backend();
+      assert.ok((await b.take(holder("b"))) !== undefined);
+      await a.renew();
+      assert.equal(await a.lost, "renewal refused");
+      assert.ok(lines.some((line) => line.includes('"event":"lease.lost"')));
+      const current = await b.read();
+      assert.ok(current !== undefined && (await b.release(current.revision)));
+    });
+  });
+}
