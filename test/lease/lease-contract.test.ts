@@ -164,7 +164,11 @@ for (const fixture of fixtures) {
         clock: () => now,
       });
       assert.equal(await a.tryTake(), true);
-      assert.equal(await f.store.epochs.floor(), a.epoch, "the epoch taken is recorded, and is the new floor");
+      assert.equal(
+        await f.store.epochs.floor(),
+        a.epoch,
+        "the epoch taken is recorded, and is the new floor",
+      );
       now = timings.ttlMs - timings.marginMs - 1;
       assert.equal(a.canAct(), true);
       now = timings.ttlMs - timings.marginMs;
