@@ -7,8 +7,8 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { connect, jwtAuthenticator } from "@nats-io/transport-node";
-import { jetstream } from "@nats-io/jetstream";
-import { freePort, startNatsServer } from "../../src/bus/index.js";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { freePort, openIdentities, startNatsServer } from "../../src/bus/index.js";
 import type { RunningNatsServer } from "../../src/bus/index.js";
 import { writeNatsServerConfig } from "../../src/bus/nats/server.js";
 import { decodeToken } from "../../src/link/index.js";
@@ -92,6 +92,17 @@ describe("mesh serve with an operator's nats-server", () => {
     await eventually("the agent to apply", () => (existsSync(join(root, "etc", "edge")) ? true : undefined));
     assert.equal(readFileSync(join(root, "etc", "edge"), "utf8"), "offline");
     assert.equal((await show()).account, null, "nothing is kept while no control plane runs");
+    // Meanwhile the agent said alive every 300 ms; the broker keeps only the newest one per node.
+    const identities = openIdentities(data, url);
+    const control = await identities.controlIdentity();
+    const nc = await connect({
+      servers: url,
+      authenticator: jwtAuthenticator(control.jwt, new TextEncoder().encode(control.seed)),
+    });
+    const alives = await (await jetstreamManager(nc)).streams.info("MESH_ALIVE");
+    await nc.close();
+    await identities.close();
+    assert.equal(alives.state.messages, 1);
 
     serve = startServe();
     const kept = await eventually("the report to be kept", async () => {

@@ -1,14 +1,15 @@
 /**
- * The control plane on NATS. Reports and alives land in a JetStream stream and are consumed through one durable
- * consumer, so what nodes send while no control plane runs is processed when one returns. Enrolment is a plain
+ * The control plane on NATS. Reports and alives land in JetStream streams and are consumed through durable
+ * consumers, so what nodes send while no control plane runs is processed when one returns. Enrolment is a plain
  * request and reply: a joining node waits for an answer, so it needs a live control plane anyway, and a missing one
  * shows at once as "no responders" rather than a timeout.
  */
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import type { ConsumerMessages, JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
+import type { ConsumerMessages, JetStreamClient, JetStreamManager, StreamConfig } from "@nats-io/jetstream";
 import {
   AckPolicy,
   DeliverPolicy,
+  DiscardPolicy,
   jetstream,
   jetstreamManager,
   RetentionPolicy,
@@ -27,6 +28,7 @@ import type { ControlBus, ControlDelivery, DeliveryOutcome, EnrolAnswer, EnrolRe
 import { BusError } from "../errors.js";
 
 export const controlStream = "MESH_CONTROL";
+export const aliveStream = "MESH_ALIVE";
 export const controlConsumer = "control";
 const nanos = (ms: number) => ms * 1_000_000;
 
@@ -45,7 +47,7 @@ export const defaultControlBusOptions: NatsControlBusOptions = {
 export class NatsControlBus implements ControlBus {
   private readonly js: JetStreamClient;
   private enrolments: Subscription | undefined;
-  private messages: ConsumerMessages | undefined;
+  private readonly consuming: ConsumerMessages[] = [];
   /** Enrolments being answered; closing waits for them, so none is cut off between its reply and its revocation. */
   private readonly inFlight = new Set<Promise<void>>();
 
@@ -59,32 +61,37 @@ export class NatsControlBus implements ControlBus {
 
   async assert(): Promise<void> {
     const jsm: JetStreamManager = await jetstreamManager(this.nc);
-    const stream = {
-      name: controlStream,
-      subjects: [natsPattern.toControl("report", "*"), natsPattern.toControl("alive", "*")],
+    const common = {
       // Work-queue retention: a message is gone once the control plane acknowledged it.
       retention: RetentionPolicy.Workqueue,
       storage: StorageType.File,
       max_age: nanos(this.options.keepForMs),
-      // Reports carry an id; a repeat within this window is dropped by the server.
-      duplicate_window: nanos(120_000),
     };
-    const existing = await jsm.streams.info(controlStream).then(
-      () => true,
-      (error: unknown) => {
-        if (isNotFound(error)) return false;
-        throw new BusError("broker", `cannot read stream ${controlStream}`, { cause: error });
-      },
-    );
-    if (existing) await jsm.streams.update(controlStream, stream);
-    else await jsm.streams.add(stream);
-    await jsm.consumers.add(controlStream, {
-      durable_name: controlConsumer,
-      ack_policy: AckPolicy.Explicit,
-      deliver_policy: DeliverPolicy.All,
-      ack_wait: nanos(this.options.ackWaitMs),
-      max_ack_pending: 1024,
+    // Reports, each kept until processed; a repeat id within the window is dropped by the server.
+    await ensureStream(jsm, {
+      ...common,
+      name: controlStream,
+      subjects: [natsPattern.toControl("report", "*")],
+      duplicate_window: nanos(120_000),
     });
+    // Alives apart, and only the newest per node: during an outage the queue holds one per node, not one per
+    // interval, and reports never wait behind a backlog of alives.
+    await ensureStream(jsm, {
+      ...common,
+      name: aliveStream,
+      subjects: [natsPattern.toControl("alive", "*")],
+      max_msgs_per_subject: 1,
+      discard: DiscardPolicy.Old,
+    });
+    for (const stream of [controlStream, aliveStream]) {
+      await jsm.consumers.add(stream, {
+        durable_name: controlConsumer,
+        ack_policy: AckPolicy.Explicit,
+        deliver_policy: DeliverPolicy.All,
+        ack_wait: nanos(this.options.ackWaitMs),
+        max_ack_pending: 1024,
+      });
+    }
   }
 
   async answerEnrolments(answer: (request: EnrolRequest) => Promise<EnrolAnswer>): Promise<void> {
@@ -124,21 +131,25 @@ export class NatsControlBus implements ControlBus {
   }
 
   async consumeControl(handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>): Promise<void> {
-    const consumer = await this.js.consumers.get(controlStream, controlConsumer);
-    this.messages = await consumer.consume({ max_messages: 256 });
-    for await (const msg of this.messages) {
-      const read = readControlSubject(msg.subject);
-      const kind = msg.subject.startsWith("mesh.report.") ? "report" : "alive";
-      const outcome = await handle({
-        kind,
-        node: read?.node,
-        body: msg.data,
-        redelivered: msg.redelivered,
-        receivedAt: msg.time,
-      });
-      if (outcome === "done") msg.ack();
-      else msg.nak(1000);
-    }
+    const consume = async (stream: string, kind: ControlDelivery["kind"]) => {
+      const consumer = await this.js.consumers.get(stream, controlConsumer);
+      const messages = await consumer.consume({ max_messages: 256 });
+      this.consuming.push(messages);
+      for await (const msg of messages) {
+        const read = readControlSubject(msg.subject);
+        const outcome = await handle({
+          // The subject says what it is (a stream from an older layout may still hold both kinds).
+          kind: read?.kind === "report" || read?.kind === "alive" ? read.kind : kind,
+          node: read?.node,
+          body: msg.data,
+          redelivered: msg.redelivered,
+          receivedAt: msg.time,
+        });
+        if (outcome === "done") msg.ack();
+        else msg.nak(1000);
+      }
+    };
+    await Promise.all([consume(controlStream, "report"), consume(aliveStream, "alive")]);
   }
 
   async publishDeclaration(node: string, envelope: Uint8Array): Promise<void> {
@@ -162,9 +173,25 @@ export class NatsControlBus implements ControlBus {
   async close(): Promise<void> {
     this.enrolments?.unsubscribe();
     await Promise.all(this.inFlight);
-    await this.messages?.close();
+    for (const messages of this.consuming) await messages.close();
     if (!this.nc.isClosed()) await this.nc.drain();
   }
+}
+
+/** Creates a stream, or brings an existing one to this config (subjects included). */
+async function ensureStream(
+  jsm: JetStreamManager,
+  config: Partial<StreamConfig> & { name: string },
+): Promise<void> {
+  const exists = await jsm.streams.info(config.name).then(
+    () => true,
+    (error: unknown) => {
+      if (isNotFound(error)) return false;
+      throw new BusError("broker", `cannot read stream ${config.name}`, { cause: error });
+    },
+  );
+  if (exists) await jsm.streams.update(config.name, config);
+  else await jsm.streams.add(config);
 }
 
 function isNotFound(error: unknown): boolean {
