@@ -43,6 +43,8 @@ export interface ControlBus {
   consumeControl(handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>): Promise<void>;
   /** Sends a signed declaration envelope straight to the node's own queue. */
   publishDeclaration(node: string, envelope: Uint8Array): Promise<void>;
+  /** Tells a node its report was taken, so it stops sending it again. */
+  publishReceipt(node: string, receipt: Uint8Array): Promise<void>;
   /** Announces a decision on `mesh.event.<kind>`. */
   publishEvent(kind: string, body: Uint8Array): Promise<void>;
   /** Calls `listener` each time the connection comes back after a loss (the broker may have restarted). */
@@ -50,11 +52,20 @@ export interface ControlBus {
   close(): Promise<void>;
 }
 
+/** What arrives in a node's queue. */
+export interface NodeDelivery {
+  kind: "declaration" | "receipt";
+  body: Uint8Array;
+}
+
 /** A node's side of the broker, on its own identity. */
 export interface NodeBus {
   /** Delivers everything sent to the node's queue, in order, until closed. */
-  consumeNode(handle: (body: Uint8Array) => Promise<void>): Promise<void>;
-  /** Publishes a report durably: resolves once the broker has stored it. `id` lets the broker drop a repeat. */
+  consumeNode(handle: (message: NodeDelivery) => Promise<void>): Promise<void>;
+  /**
+   * Sends a report towards the control plane's queue. It is not final until a receipt for it arrives; `id` lets
+   * the broker drop a repeat sent again in the meantime.
+   */
   publishReport(body: Uint8Array, id: string): Promise<void>;
   publishAlive(body: Uint8Array): Promise<void>;
   /** Resolves when the connection is closed for good (closed by us, or refused by the broker). */

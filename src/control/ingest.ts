@@ -5,7 +5,14 @@
  */
 import type { ControlBus, ControlDelivery, DeliveryOutcome } from "../bus/index.js";
 import type { Report } from "../link/index.js";
-import { accountOfReport, ContractError, judgeReport, parseAlive, parseReport } from "../link/index.js";
+import {
+  accountOfReport,
+  ContractError,
+  encodeMessage,
+  judgeReport,
+  parseAlive,
+  parseReport,
+} from "../link/index.js";
 import type { ReportAccount } from "../link/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
@@ -137,9 +144,15 @@ export class Ingest {
       const order = await store.declarations.orderOfDigest(node, digest);
       if (order !== undefined) orders.set(digest, order);
     }
+    // The very report already kept, sent again because its receipt was lost: take it again, quietly.
+    if (keptRecord !== undefined && keptRecord.report === new TextDecoder().decode(body)) {
+      return this.receipt(node, report, "kept");
+    }
     const judgement = judgeReport(accountOfReport(report), kept, (digest) => orders.get(digest));
-    if (judgement.verdict === "refuse")
-      return this.refuse(node, "report", judgement.reason, "report_out_of_order");
+    if (judgement.verdict === "refuse") {
+      await this.refuse(node, "report", judgement.reason, "report_out_of_order");
+      return this.receipt(node, report, "refused", judgement.reason);
+    }
 
     await store.accounts.keep({
       node,
@@ -162,6 +175,27 @@ export class Ingest {
       });
       this.context.log.warn(`node.declaration_${report.outcome}`, { node, reason: report.reason });
     }
+    await this.receipt(node, report, "kept");
+  }
+
+  /** Tells the node its report was taken, so it stops sending it. Reports without a report_sequence get none. */
+  private async receipt(
+    node: string,
+    report: Report,
+    verdict: "kept" | "refused",
+    reason?: string,
+  ): Promise<void> {
+    if (report.report_sequence === undefined) return;
+    await this.context.bus.publishReceipt(
+      node,
+      encodeMessage({
+        kind: "receipt",
+        node,
+        report_sequence: report.report_sequence,
+        verdict,
+        ...(reason === undefined ? {} : { reason }),
+      }),
+    );
   }
 
   private async refuse(

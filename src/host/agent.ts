@@ -15,6 +15,7 @@ import {
   encodeMessage,
   parseDeclarationBytes,
   parseDeclarationEnvelope,
+  parseReceipt,
 } from "../link/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
@@ -74,11 +75,11 @@ export class Agent {
       seed,
     );
     this.bus = bus;
-    const pending = this.state.loadSecret(pendingReportFile);
-    if (pending !== undefined) await this.send(pending);
-    const consuming = bus.consumeNode((body) => this.enqueue(body));
-    await this.sayAlive();
-    this.aliveTimer = setInterval(() => void this.sayAlive(), this.settings.aliveEveryMs);
+    const consuming = bus.consumeNode((message) =>
+      message.kind === "receipt" ? this.receive(message.body) : this.enqueue(message.body),
+    );
+    await this.tick();
+    this.aliveTimer = setInterval(() => void this.tick(), this.settings.aliveEveryMs);
     this.settings.log.info("agent.running", { node: this.node, broker: this.identity.broker.url });
     const closed = await bus.closed();
     clearInterval(this.aliveTimer);
@@ -102,6 +103,34 @@ export class Agent {
       ),
     );
     return this.queue;
+  }
+
+  /** Every interval: the pending report again (until its receipt comes), then an alive. */
+  private async tick(): Promise<void> {
+    const pending = this.state.loadSecret(pendingReportFile);
+    if (pending !== undefined) await this.send(pending);
+    await this.sayAlive();
+  }
+
+  /** A receipt for the pending report ends it; one for an older report changes nothing. */
+  private receive(body: Uint8Array): Promise<void> {
+    let receipt;
+    try {
+      receipt = parseReceipt(body);
+    } catch (error) {
+      this.settings.log.warn("agent.receipt_refused", { reason: errorText(error) });
+      return Promise.resolve();
+    }
+    const pending = this.state.loadSecret(pendingReportFile);
+    if (pending === undefined) return Promise.resolve();
+    const { report_sequence: sequence } = JSON.parse(pending) as { report_sequence?: number };
+    if (receipt.node === this.node && receipt.report_sequence === sequence) {
+      this.state.removeSecret(pendingReportFile);
+      if (receipt.verdict === "refused") {
+        this.settings.log.warn("agent.report_refused", { report_sequence: sequence, reason: receipt.reason });
+      }
+    }
+    return Promise.resolve();
   }
 
   private async sayAlive(): Promise<void> {
@@ -217,22 +246,18 @@ export class Agent {
     return text;
   }
 
-  /** Sends a pending report until the broker has stored it, or until the agent stops (then it stays pending). */
+  /**
+   * Sends a report towards the control plane. It stays pending on disk until the control plane's receipt arrives,
+   * and is sent again every interval until then (the broker drops a repeat by its id).
+   */
   private async send(text: string): Promise<void> {
+    if (this.stopping) return;
     const { report_sequence: sequence } = JSON.parse(text) as { report_sequence?: number };
     const id = `${this.node}:${sequence ?? "unordered"}`;
-    for (let attempt = 0; !this.stopping; attempt++) {
-      try {
-        // The broker drops a repeat by its id, so sending again after a crash is safe.
-        await this.bus?.publishReport(new TextEncoder().encode(text), id);
-        this.state.removeSecret(pendingReportFile);
-        return;
-      } catch (error) {
-        this.settings.log.warn("agent.report_retry", { report: id, error: errorText(error) });
-        await new Promise((resolve) =>
-          setTimeout(resolve, Math.min(30_000, 500 * 2 ** Math.min(attempt, 6))),
-        );
-      }
-    }
+    await this.bus
+      ?.publishReport(new TextEncoder().encode(text), id)
+      .catch((error: unknown) =>
+        this.settings.log.warn("agent.report_not_sent", { report: id, error: errorText(error) }),
+      );
   }
 }

@@ -24,6 +24,7 @@ export {
   nodeQueue,
   nodeSubjects,
   readControlSubject,
+  receiptSubject,
 } from "./names.js";
 export type { ControlQueueKind } from "./names.js";
 export {
@@ -38,6 +39,7 @@ export {
 } from "./messages.js";
 export type {
   Alive,
+  Receipt,
   Declaration,
   DeclarationEnvelope,
   DeclaredItem,
@@ -52,6 +54,7 @@ export {
   encodeMessage,
   maxMessageBytes,
   parseAlive,
+  parseReceipt,
   parseDeclaration,
   parseDeclarationBytes,
   parseDeclarationEnvelope,

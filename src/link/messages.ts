@@ -243,6 +243,19 @@ export const aliveSchema = z.object({
 });
 
 /** Every message kind and its schema. */
+/**
+ * The control plane's word that it has taken a report (kept it, or refused it for its order): the node keeps a
+ * report pending, and sends it again, until this arrives. Broker-level acknowledgements are not used for node
+ * messages, because the broker would send them to any reply subject the publisher names.
+ */
+export const receiptSchema = z.object({
+  kind: z.literal("receipt"),
+  node: nodeName,
+  report_sequence: reportSequence,
+  verdict: z.enum(["kept", "refused"]),
+  reason: reasonText.optional(),
+});
+
 export const messageSchemas = {
   enrol: enrolSchema,
   enrol_reply: enrolReplySchema,
@@ -250,6 +263,7 @@ export const messageSchemas = {
   declaration_envelope: declarationEnvelopeSchema,
   report: reportSchema,
   alive: aliveSchema,
+  receipt: receiptSchema,
 } as const;
 
 /** The name of a message kind, as carried in its `kind` field. */
@@ -272,6 +286,8 @@ export type DeclaredItem = Declaration["items"][number];
 export type DeclarationEnvelope = MessageOf<"declaration_envelope">;
 /** A node's account of applying a declaration. */
 export type Report = MessageOf<"report">;
+/** The control plane's word that it has taken a report. */
+export type Receipt = MessageOf<"receipt">;
 /** A node saying it is still there. */
 export type Alive = MessageOf<"alive">;
 /** Any message of the wire contract. */

@@ -56,6 +56,7 @@ function assertEventKind(kind: string): void {
 export const natsPattern = {
   toControl: (kind: ControlQueueKind, node: string): string => `mesh.${kind}.${node}`,
   declaration: (node: string): string => `node.${node}.declaration`,
+  receipt: (node: string): string => `node.${node}.receipt`,
   replies: (node: string): string => `node.${node}.reply.>`,
   addressedTo: (node: string): string => `node.${node}.>`,
   events: "mesh.event.>",
@@ -74,6 +75,12 @@ export function controlSubject(kind: ControlQueueKind, node: string): string {
 export function declarationSubject(node: string): string {
   assertNodeName(node);
   return natsPattern.declaration(node);
+}
+
+/** NATS: where the control plane tells a node which of its reports it has taken. */
+export function receiptSubject(node: string): string {
+  assertNodeName(node);
+  return natsPattern.receipt(node);
 }
 
 /**

@@ -4,6 +4,7 @@ import { ContractError } from "./errors.js";
 import { messageKinds, messageSchemas } from "./messages.js";
 import type {
   Alive,
+  Receipt,
   Declaration,
   DeclarationEnvelope,
   Enrol,
@@ -68,6 +69,11 @@ export function parseDeclarationEnvelope(input: unknown): DeclarationEnvelope {
 /** Parses a `report` message. */
 export function parseReport(input: unknown): Report {
   return parseMessage("report", input);
+}
+
+/** Parses a `receipt` message. */
+export function parseReceipt(input: unknown): Receipt {
+  return parseMessage("receipt", input);
 }
 
 /** Parses an `alive` message. */

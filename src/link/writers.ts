@@ -30,6 +30,7 @@ export const publishedKinds = [
   "enrol",
   "enrol_reply",
   "declaration_envelope",
+  "receipt",
   "report",
   "alive",
   "event",
@@ -62,7 +63,7 @@ export const writersTable = {
   token: { publishes: ["enrol"], reads: ["node_replies"], scope: "node", managesBroker: false },
   node: { publishes: ["report", "alive"], reads: ["node_queue"], scope: "node", managesBroker: false },
   control: {
-    publishes: ["enrol_reply", "declaration_envelope", "event"],
+    publishes: ["enrol_reply", "declaration_envelope", "receipt", "event"],
     reads: ["control_queue"],
     scope: "fleet",
     managesBroker: true,
@@ -126,6 +127,8 @@ function natsPublishSubject(kind: PublishedKind, slot: string): string {
       return natsPattern.replies(slot);
     case "declaration_envelope":
       return natsPattern.declaration(slot);
+    case "receipt":
+      return natsPattern.receipt(slot);
     case "event":
       return natsPattern.events;
     default: {
@@ -214,6 +217,7 @@ function rabbitRoute(kind: PublishedKind): { exchange: string; routingKey?: stri
       return { exchange: meshExchange, routingKey: anyEventRoutingKey };
     case "enrol_reply":
     case "declaration_envelope":
+    case "receipt":
       // Straight to the node's queue through the default exchange: no per-node binding to leave behind.
       return { exchange: defaultExchangeResource };
     default: {

@@ -6,8 +6,8 @@ import assert from "node:assert/strict";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { connect, jwtAuthenticator } from "@nats-io/transport-node";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { connect, headers, jwtAuthenticator } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { freePort, openIdentities, startNatsServer } from "../../src/bus/index.js";
 import type { RunningNatsServer } from "../../src/bus/index.js";
 import { writeNatsServerConfig } from "../../src/bus/nats/server.js";
@@ -110,6 +110,10 @@ describe("mesh serve with an operator's nats-server", () => {
       return s.account?.outcome === "applied" ? s : undefined;
     });
     assert.equal(kept.account?.sequence, 1);
+    // The control plane's receipt ends the report's pending state on the node.
+    await eventually("the agent to drop its pending report", () =>
+      existsSync(join(dir.path, "edge-1", "pending-report.json")) ? undefined : true,
+    );
   });
 
   test("durable ingest — a repeated report and a report naming another node are refused and counted", async () => {
@@ -122,7 +126,6 @@ describe("mesh serve with an operator's nats-server", () => {
       inboxPrefix: "node.edge-1.reply",
       authenticator: jwtAuthenticator(identity.broker.credential.jwt, new TextEncoder().encode(seed)),
     });
-    const js = jetstream(nc);
     try {
       const before = await show();
       const report = {
@@ -136,16 +139,18 @@ describe("mesh serve with an operator's nats-server", () => {
         items: [],
         sent_at: new Date().toISOString(),
       };
-      // The same report again (a redelivery, or a replay by the node): ordering refuses it.
-      await js.publish("mesh.report.edge-1", JSON.stringify(report), { msgID: "replay-1" });
-      // The same message id within the window: the broker drops it before anyone sees it.
-      const duplicate = await js.publish("mesh.report.edge-1", JSON.stringify(report), { msgID: "replay-1" });
-      assert.equal(duplicate.duplicate, true);
+      const withId = (id: string) => {
+        const h = headers();
+        h.set("Nats-Msg-Id", id);
+        return { headers: h };
+      };
+      // An older report (a replay by the node): ordering refuses it. Sent twice with one message id within the
+      // window: the broker keeps one, so it is refused and counted once.
+      nc.publish("mesh.report.edge-1", JSON.stringify(report), withId("replay-1"));
+      nc.publish("mesh.report.edge-1", JSON.stringify(report), withId("replay-1"));
       // A body naming another node than the subject.
-      await js.publish(
-        "mesh.report.edge-1",
-        JSON.stringify({ ...report, node: "edge-2", report_sequence: 99 }),
-      );
+      nc.publish("mesh.report.edge-1", JSON.stringify({ ...report, node: "edge-2", report_sequence: 99 }));
+      await nc.flush();
       const after = await eventually("both refusals to be counted", async () => {
         const s = await show();
         return (s.refused.report_out_of_order ?? 0) >= 1 && (s.refused.report_refused ?? 0) >= 1
@@ -247,6 +252,55 @@ describe("mesh serve with an operator's nats-server", () => {
       assert.equal(tokens.find((t) => t.id === token.id)?.status, "valid", "the request was not even read");
     } finally {
       await nc.close();
+    }
+  });
+
+  test("streams — a node naming the JetStream API as its reply subject gets nothing done there", async () => {
+    const identity = JSON.parse(readFileSync(join(dir.path, "edge-1", "identity.json"), "utf8")) as {
+      broker: { credential: { jwt: string } };
+    };
+    const seed = readFileSync(join(dir.path, "edge-1", "broker-user.nk"), "utf8").trim();
+    const node = await connect({
+      servers: url,
+      authenticator: jwtAuthenticator(identity.broker.credential.jwt, new TextEncoder().encode(seed)),
+    });
+    const identities = openIdentities(data, url);
+    const control = await identities.controlIdentity();
+    const admin = await connect({
+      servers: url,
+      authenticator: jwtAuthenticator(control.jwt, new TextEncoder().encode(control.seed)),
+    });
+    try {
+      const jsm = await jetstreamManager(admin);
+      // Stop the control plane so the streams hold what nodes send.
+      await serve?.stop();
+      serve = undefined;
+      node.publish(
+        "mesh.alive.edge-1",
+        JSON.stringify({ kind: "alive", node: "edge-1", sent_at: new Date().toISOString() }),
+      );
+      node.publish("mesh.report.edge-1", "{}", { reply: "$JS.API.STREAM.PURGE.MESH_ALIVE" });
+      node.publish("mesh.alive.edge-1", "{}", { reply: "$JS.API.STREAM.PURGE.MESH_CONTROL" });
+      node.publish("mesh.report.edge-1", "{}", { reply: "$JS.API.CONSUMER.DELETE.MESH_CONTROL.control" });
+      await node.flush();
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      assert.ok(
+        (await jsm.streams.info("MESH_ALIVE")).state.messages >= 1,
+        "the alive stream was not purged",
+      );
+      assert.ok(
+        (await jsm.streams.info("MESH_CONTROL")).state.messages >= 2,
+        "the report stream was not purged",
+      );
+      assert.equal(
+        (await jsm.consumers.info("MESH_CONTROL", "control")).name,
+        "control",
+        "the consumer is still there",
+      );
+    } finally {
+      await node.close();
+      await admin.close();
+      await identities.close();
     }
   });
 });

@@ -12,8 +12,16 @@ import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
 import { storeBackends } from "../support/stores.js";
 
-const unusedBus: ControlBus = new Proxy({} as ControlBus, {
-  get: (_, name) => () => Promise.reject(new Error(`ingest must not use the bus here (${String(name)})`)),
+/** What ingest sends back: receipts only, in these cases; anything else it tried to send fails the test. */
+const receipts: Array<{ node: string; receipt: unknown }> = [];
+const receiptOnlyBus: ControlBus = new Proxy({} as ControlBus, {
+  get: (_, name) =>
+    name === "publishReceipt"
+      ? (node: string, body: Uint8Array) => {
+          receipts.push({ node, receipt: JSON.parse(new TextDecoder().decode(body)) });
+          return Promise.resolve();
+        }
+      : () => Promise.reject(new Error(`ingest must not use the bus here (${String(name)})`)),
 });
 
 for (const backend of storeBackends) {
@@ -24,11 +32,12 @@ for (const backend of storeBackends) {
     const lines: string[] = [];
     let ingest: Ingest;
     before(async () => {
+      receipts.length = 0;
       location = await backend.fresh();
       store = await openStore(location.url, { historyLimit: 10 });
       ingest = new Ingest({
         store,
-        bus: unusedBus,
+        bus: receiptOnlyBus,
         log: createLogger({ write: (line) => lines.push(line), pretty: false }),
         now: () => clock,
         resendAfterMs: 1000,
@@ -122,6 +131,35 @@ for (const backend of storeBackends) {
       clock = new Date(clock.getTime() + 1000);
       assert.equal(await ingest.handle(delivery("report", "again-1", report("again-1", 1))), "done");
       assert.equal((await store.accounts.recoveryCopy("again-1"))?.reportSequence, 1);
+      assert.deepEqual(
+        receipts.filter((r) => r.node === "again-1").map((r) => r.receipt),
+        [
+          { kind: "receipt", node: "again-1", report_sequence: 7, verdict: "kept" },
+          {
+            kind: "receipt",
+            node: "again-1",
+            report_sequence: 3,
+            verdict: "refused",
+            reason: (
+              receipts.find((r) => (r.receipt as { report_sequence: number }).report_sequence === 3)
+                ?.receipt as { reason: string }
+            ).reason,
+          },
+          { kind: "receipt", node: "again-1", report_sequence: 1, verdict: "kept" },
+        ],
+      );
+    });
+
+    test("ingest — the very report already kept, sent again, is taken quietly and receipted again", async () => {
+      await enrol("twice-1", clock);
+      const body = report("twice-1", 4);
+      assert.equal(await ingest.handle(delivery("report", "twice-1", body)), "done");
+      assert.equal(await ingest.handle(delivery("report", "twice-1", body)), "done");
+      assert.deepEqual(await store.counters.of("twice-1"), {});
+      assert.deepEqual(
+        receipts.filter((r) => r.node === "twice-1").map((r) => (r.receipt as { verdict: string }).verdict),
+        ["kept", "kept"],
+      );
     });
 
     test("ingest — bad input is refused with a reason, counted, and acknowledged", async () => {

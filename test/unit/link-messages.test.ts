@@ -77,6 +77,7 @@ const valid: Record<MessageKind, Record<string, unknown>> = {
     sent_at: sentAt,
   },
   alive: { kind: "alive", node: "web-1", sent_at: sentAt, report_sequence: 12 },
+  receipt: { kind: "receipt", node: "web-1", report_sequence: 12, verdict: "kept" },
 };
 
 /** A change to a valid message: set or drop the field at a dotted path such as `items.0.path`. */

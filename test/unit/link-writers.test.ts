@@ -149,7 +149,7 @@ void describe("link writers", () => {
     assert.equal(mayPublish("token", "report"), false);
     assert.deepEqual(
       publishedKinds.filter((kind) => mayPublish("control", kind)),
-      ["enrol_reply", "declaration_envelope", "event"],
+      ["enrol_reply", "declaration_envelope", "receipt", "event"],
     );
   });
 
@@ -258,6 +258,7 @@ void describe("link writers", () => {
     alive: "mesh.alive.web-1",
     enrol_reply: "node.web-1.reply.>",
     declaration_envelope: "node.web-1.declaration",
+    receipt: "node.web-1.receipt",
     event: "mesh.event.>",
   };
 

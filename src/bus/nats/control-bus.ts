@@ -21,6 +21,7 @@ import {
   inboxPrefix,
   natsPattern,
   readControlSubject,
+  receiptSubject,
 } from "../../link/index.js";
 import type { Logger } from "../../log.js";
 import { errorText } from "../../log.js";
@@ -62,6 +63,9 @@ export class NatsControlBus implements ControlBus {
   async assert(): Promise<void> {
     const jsm: JetStreamManager = await jetstreamManager(this.nc);
     const common = {
+      // No broker acknowledgement to publishers: the broker would send it to whatever reply subject a node names —
+      // the JetStream API itself included (a node could purge a stream). The control plane's receipt replaces it.
+      no_ack: true,
       // Work-queue retention: a message is gone once the control plane acknowledged it.
       retention: RetentionPolicy.Workqueue,
       storage: StorageType.File,
@@ -155,6 +159,11 @@ export class NatsControlBus implements ControlBus {
   async publishDeclaration(node: string, envelope: Uint8Array): Promise<void> {
     this.nc.publish(declarationSubject(node), envelope);
     await this.nc.flush();
+  }
+
+  async publishReceipt(node: string, receipt: Uint8Array): Promise<void> {
+    this.nc.publish(receiptSubject(node), receipt);
+    await Promise.resolve();
   }
 
   async publishEvent(kind: string, body: Uint8Array): Promise<void> {

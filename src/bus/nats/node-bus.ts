@@ -1,23 +1,23 @@
 /** A node on NATS: its own identity, its own subjects, and nothing else (the server enforces that). */
 import type { NatsConnection } from "@nats-io/transport-node";
-import { PermissionViolationError } from "@nats-io/transport-node";
-import type { JetStreamClient } from "@nats-io/jetstream";
-import { jetstream } from "@nats-io/jetstream";
-import { controlSubject, inboxPrefix, nodeSubjects } from "../../link/index.js";
-import type { EnrolmentBus, NodeBus } from "../bus.js";
+import { headers, PermissionViolationError } from "@nats-io/transport-node";
+import {
+  controlSubject,
+  declarationSubject,
+  inboxPrefix,
+  nodeSubjects,
+  receiptSubject,
+} from "../../link/index.js";
+import type { EnrolmentBus, NodeBus, NodeDelivery } from "../bus.js";
 import { BrokerRefusedIdentity, BusError, NobodyAnswers } from "../errors.js";
 import type { NatsIdentity } from "./connect.js";
 import { asBusError, connectNats } from "./connect.js";
 
 export class NatsNodeBus implements NodeBus {
-  private readonly js: JetStreamClient;
-
   private constructor(
     private readonly nc: NatsConnection,
     private readonly node: string,
-  ) {
-    this.js = jetstream(nc);
-  }
+  ) {}
 
   /** Connects as the node; the connection reconnects by itself after any outage. */
   static async open(url: string, node: string, identity: NatsIdentity): Promise<NatsNodeBus> {
@@ -31,21 +31,27 @@ export class NatsNodeBus implements NodeBus {
     return new NatsNodeBus(nc, node);
   }
 
-  async consumeNode(handle: (body: Uint8Array) => Promise<void>): Promise<void> {
+  async consumeNode(handle: (message: NodeDelivery) => Promise<void>): Promise<void> {
     const subscription = this.nc.subscribe(nodeSubjects(this.node));
     await this.nc.flush();
     for await (const msg of subscription) {
-      // Replies to our own requests share the node's subjects; they are answered elsewhere.
-      if (msg.subject.startsWith(`${inboxPrefix(this.node)}.`)) continue;
-      await handle(msg.data);
+      if (msg.subject === declarationSubject(this.node))
+        await handle({ kind: "declaration", body: msg.data });
+      else if (msg.subject === receiptSubject(this.node)) await handle({ kind: "receipt", body: msg.data });
+      // Anything else under the node's subjects (replies to its own requests) is answered elsewhere.
     }
   }
 
   async publishReport(body: Uint8Array, id: string): Promise<void> {
+    // A plain publish with the message id the stream deduplicates by; no reply subject, so the broker answers
+    // nobody. Flushing makes a broken connection show here rather than later.
+    const header = headers();
+    header.set("Nats-Msg-Id", id);
+    this.nc.publish(controlSubject("report", this.node), body, { headers: header });
     try {
-      await this.js.publish(controlSubject("report", this.node), body, { msgID: id, timeout: 5000 });
+      await this.nc.flush();
     } catch (error) {
-      throw asBusError(error, "the report stream");
+      throw asBusError(error, "the broker");
     }
   }
 
