@@ -16,6 +16,8 @@ import type {
 import { loadOrCreateAuthority } from "./nats/authority.js";
 import { connectNats } from "./nats/connect.js";
 import { NatsControlBus } from "./nats/control-bus.js";
+import { NatsKvLease } from "./nats/lease-kv.js";
+import type { LeaseBackend } from "../lease/lease.js";
 import type { EmbeddedServer } from "./nats/identities.js";
 import { NatsBrokerIdentities, serverConfigFragment } from "./nats/identities.js";
 import { NatsEnrolmentBus, NatsNodeBus } from "./nats/node-bus.js";
@@ -39,6 +41,8 @@ export function authorityDir(dataDir: string): string {
 export interface ControlSide {
   bus: ControlBus;
   identities: BrokerIdentities;
+  /** The controller lease in the broker's key-value store. */
+  lease(ttlMs: number): Promise<LeaseBackend>;
   close(): Promise<void>;
 }
 
@@ -73,6 +77,7 @@ export async function openControlSide(
   return {
     bus,
     identities,
+    lease: (ttlMs) => NatsKvLease.open(nc, ttlMs),
     close: async () => {
       await bus.close();
       await identities.close();

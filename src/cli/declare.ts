@@ -1,5 +1,7 @@
 /** `mesh declare <node> -f FILE`: what a node should hold, signed and sent to its queue. */
+import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
+import { hostname } from "node:os";
 import type { Command } from "commander";
 import { openControlSide } from "../bus/index.js";
 import { readBrokerRecord } from "../control/broker-record.js";
@@ -7,6 +9,8 @@ import { declare, parseDeclarationFile } from "../control/declarations.js";
 import { MeshError, UsageError } from "../errors.js";
 import { nodeNameProblem } from "../link/index.js";
 import { createLogger } from "../log.js";
+import { LeaseHolder } from "../lease/holder.js";
+import { epochOf } from "../lease/lease.js";
 import type { GlobalFlags } from "./context.js";
 import { optionsFrom, signingIdentity, withStore } from "./context.js";
 import { stdoutOutput } from "./output.js";
@@ -43,10 +47,39 @@ export function registerDeclareCommand(program: Command): void {
         longLived: false,
       });
       const signing = signingIdentity(options);
-      // The lease does not exist yet: every declaration is composed under epoch 0.
-      const sent = await withStore(options, (store) =>
-        declare({ store, signing, bus: side.bus, now: () => new Date() }, node, files, 0),
-      ).finally(() => side.close());
+      const sent = await withStore(options, async (store) => {
+        // A command that acts does so under the lease: the holder's epoch, or a lease of its own when nobody
+        // holds one. It never writes as a second controller.
+        const backend = await side.lease(options.lease.ttlMs);
+        const current = await backend.read();
+        let own: LeaseHolder | undefined;
+        let epoch: number;
+        if (current !== undefined) {
+          epoch = epochOf(current);
+        } else {
+          own = new LeaseHolder({
+            backend,
+            epochs: store.epochs,
+            timings: options.lease,
+            holder: {
+              id: randomUUID(),
+              host: hostname(),
+              pid: process.pid,
+              taken_at: new Date().toISOString(),
+            },
+            log: createLogger({ level: "warn" }),
+          });
+          if (!(await own.tryTake()) || own.epoch === undefined) {
+            throw new MeshError("lease_busy", "the lease changed hands while declaring; try again");
+          }
+          epoch = own.epoch;
+        }
+        try {
+          return await declare({ store, signing, bus: side.bus, now: () => new Date() }, node, files, epoch);
+        } finally {
+          await own?.release();
+        }
+      }).finally(() => side.close());
       const out = stdoutOutput(globals.json === true);
       if (out.json) out.document({ node: sent.node, sequence: sent.sequence, epoch: sent.epoch });
       else

@@ -1,6 +1,7 @@
 /** `mesh`: the control plane and the operator's commands. */
 import { Command } from "commander";
 import { registerDeclareCommand } from "./declare.js";
+import { registerLeaseCommands } from "./lease.js";
 import { registerNodeCommands } from "./node.js";
 import { registerServeCommands } from "./up.js";
 import { runProgram } from "./run.js";
@@ -18,6 +19,7 @@ export function meshProgram(): Command {
   registerNodeCommands(program);
   registerDeclareCommand(program);
   registerServeCommands(program);
+  registerLeaseCommands(program);
   return program;
 }
 

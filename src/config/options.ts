@@ -20,6 +20,8 @@ export interface MeshOptions {
   tokenTtlMs: number;
   /** Declarations and accounts kept per node behind the latest. */
   historyLimit: number;
+  /** The controller lease: renew every, entries age out after, stop acting this much before. */
+  lease: { renewEveryMs: number; ttlMs: number; marginMs: number };
 }
 
 /** What may be set, by its name in mesh.yaml; the environment variable is MESH_ + the name in capitals. */
@@ -28,6 +30,9 @@ export interface MeshSettings {
   out_of_touch_after?: string | undefined;
   token_ttl?: string | undefined;
   history_limit?: string | number | undefined;
+  lease_renew_every?: string | undefined;
+  lease_ttl?: string | undefined;
+  lease_margin?: string | undefined;
 }
 
 const defaults = {
@@ -35,15 +40,29 @@ const defaults = {
   outOfTouchAfter: "45s",
   tokenTtl: "1h",
   historyLimit: 50,
+  leaseRenewEvery: "5s",
+  leaseTtl: "15s",
+  leaseMargin: "3s",
 } as const;
 
-const settingNames = ["store", "out_of_touch_after", "token_ttl", "history_limit"] as const;
+const settingNames = [
+  "store",
+  "out_of_touch_after",
+  "token_ttl",
+  "history_limit",
+  "lease_renew_every",
+  "lease_ttl",
+  "lease_margin",
+] as const;
 
 const fileSchema = z.strictObject({
   store: z.string().min(1).optional(),
   out_of_touch_after: z.string().min(1).optional(),
   token_ttl: z.string().min(1).optional(),
   history_limit: z.union([z.number(), z.string()]).optional(),
+  lease_renew_every: z.string().min(1).optional(),
+  lease_ttl: z.string().min(1).optional(),
+  lease_margin: z.string().min(1).optional(),
 });
 
 export interface CompileInput {
@@ -78,6 +97,7 @@ export function compileMeshOptions(input: CompileInput): MeshOptions {
     outOfTouchAfterMs: parseDuration(outOfTouch ?? defaults.outOfTouchAfter, outOfTouchSource),
     tokenTtlMs: parseDuration(tokenTtl ?? defaults.tokenTtl, tokenTtlSource),
     historyLimit: history === undefined ? defaults.historyLimit : parseCount(history, historySource),
+    lease: compileLease(pick("lease_renew_every"), pick("lease_ttl"), pick("lease_margin")),
   };
 }
 
@@ -132,6 +152,25 @@ function readConfigFile(path: string): MeshSettings {
     throw new UsageError(`${path}: ${issue?.path.join(".") ?? ""} ${issue?.message ?? "is invalid"}`.trim());
   }
   return result.data;
+}
+
+function compileLease(
+  [renew, renewSource]: [string | undefined, string],
+  [ttl, ttlSource]: [string | undefined, string],
+  [margin, marginSource]: [string | undefined, string],
+): MeshOptions["lease"] {
+  const lease = {
+    renewEveryMs: parseDuration(renew ?? defaults.leaseRenewEvery, renewSource),
+    ttlMs: parseDuration(ttl ?? defaults.leaseTtl, ttlSource),
+    marginMs: parseDuration(margin ?? defaults.leaseMargin, marginSource),
+  };
+  // A holder must renew well before it stops acting, or it would stop acting between renewals.
+  if (lease.renewEveryMs >= lease.ttlMs - lease.marginMs) {
+    throw new UsageError(
+      `the lease must be renewed (every ${lease.renewEveryMs} ms) more often than it can act (ttl − margin = ${lease.ttlMs - lease.marginMs} ms)`,
+    );
+  }
+  return lease;
 }
 
 function parseCount(value: string | number, source: string): number {

@@ -44,7 +44,8 @@ export class LeaseHolder {
   async tryTake(): Promise<boolean> {
     const { backend, epochs, log } = this.options;
     const floor = await epochs.floor();
-    if (await backend.raiseAbove(floor)) {
+    // With no epoch ever taken there is no floor to keep above.
+    if (floor > 0 && (await backend.raiseAbove(floor))) {
       log.warn("lease.revisions_raised", {
         where: backend.where,
         floor,
@@ -74,7 +75,10 @@ export class LeaseHolder {
     // The renewal counts from before it was sent: the lease's new life started no earlier than that.
     const startedAt = this.clock();
     try {
-      const revision = await this.options.backend.renew(this.options.holder, this.revision);
+      const revision = await this.options.backend.renew(
+        { ...this.options.holder, epoch: this.epoch, renewed_at: new Date().toISOString() },
+        this.revision,
+      );
       if (revision === undefined) {
         this.stopRenewing();
         this.options.log.error("lease.lost", {

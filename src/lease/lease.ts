@@ -10,6 +10,15 @@ export interface HolderInfo {
   host: string;
   pid: number;
   taken_at: string;
+  /** The epoch, written with the first renewal (the take itself cannot know its revision). */
+  epoch?: number;
+  /** When the holder last renewed, as the holder saw it. */
+  renewed_at?: string;
+}
+
+/** The epoch of the current holding: the one the holder wrote, or the revision of the take itself. */
+export function epochOf(record: LeaseRecord): number {
+  return record.holder.epoch ?? record.revision;
 }
 
 export interface LeaseRecord {

@@ -103,7 +103,16 @@ describe("the mesh end to end over NATS", () => {
     runAgent(join(dir.path, "web-1"), root);
 
     const sent = await declareFiles("web-1", [{ path: "/etc/motd", content: "hello\n", mode: "0640" }]);
-    assert.deepEqual(sent, { node: "web-1", sequence: 1, epoch: 0 });
+    // Declared under the running control plane's lease: its epoch is in the signed declaration.
+    const lease = JSON.parse((await cli(["lease", "show", "--json"])).stdout) as {
+      holder: { pid: number } | null;
+      epoch: number;
+      floor: number;
+      expires_in_s: number;
+    };
+    assert.equal(lease.holder?.pid, up.child.pid);
+    assert.ok(lease.epoch >= 1 && lease.floor >= lease.epoch);
+    assert.deepEqual(sent, { node: "web-1", sequence: 1, epoch: lease.epoch });
     const motd = join(root, "etc", "motd");
     await eventually("the file to be written", () => (existsSync(motd) ? true : undefined));
     assert.equal(readFileSync(motd, "utf8"), "hello\n");

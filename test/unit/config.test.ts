@@ -37,7 +37,20 @@ test("config — defaults when nothing is set", () => {
     outOfTouchAfterMs: 45_000,
     tokenTtlMs: 3_600_000,
     historyLimit: 50,
+    lease: { renewEveryMs: 5000, ttlMs: 15_000, marginMs: 3000 },
   });
+});
+
+test("config — a lease renewed no more often than it may act is refused", () => {
+  assert.throws(
+    () =>
+      compileMeshOptions({
+        dataDir: join(dir.path, "lease"),
+        flags: {},
+        env: { MESH_LEASE_RENEW_EVERY: "12s" },
+      }),
+    /renewed .* more often than it can act/,
+  );
 });
 
 test("config — flags beat MESH_* beat mesh.yaml beat defaults; MESH_HOME names the data dir", () => {

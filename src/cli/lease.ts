@@ -1,0 +1,71 @@
+/** `mesh lease show`: who acts, under which epoch, for how much longer, and the floor below which no epoch goes. */
+import type { Command } from "commander";
+import { openControlSide } from "../bus/index.js";
+import { readBrokerRecord } from "../control/broker-record.js";
+import { MeshError } from "../errors.js";
+import { epochOf } from "../lease/lease.js";
+import { createLogger } from "../log.js";
+import type { GlobalFlags } from "./context.js";
+import { optionsFrom, withStore } from "./context.js";
+import { stdoutOutput } from "./output.js";
+
+export function registerLeaseCommands(program: Command): void {
+  const lease = program.command("lease").description("the lease that decides which controller acts");
+  lease
+    .command("show")
+    .description(
+      "the holder, its epoch, when it was taken and renewed, seconds until expiry, the epoch floor",
+    )
+    .option(
+      "--json",
+      'print {"holder":{"id","host","pid"},"epoch","taken_at","renewed_at","expires_in_s","floor"}',
+    )
+    .action(async (_flags: unknown, command: Command) => {
+      const globals = command.optsWithGlobals<GlobalFlags>();
+      const options = optionsFrom(globals);
+      const record = readBrokerRecord(options.dataDir);
+      if (record === undefined) {
+        throw new MeshError(
+          "no_broker",
+          "no broker is recorded for this mesh: start it with `mesh up` or `mesh serve`",
+        );
+      }
+      const side = await openControlSide(options.dataDir, record.url, createLogger({ level: "warn" }), {
+        longLived: false,
+      });
+      const [current, floor] = await Promise.all([
+        side.lease(options.lease.ttlMs).then((backend) => backend.read()),
+        withStore(options, (store) => store.epochs.floor()),
+      ]).finally(() => side.close());
+      const renewedAt = current?.holder.renewed_at ?? current?.holder.taken_at ?? null;
+      const shown = {
+        holder:
+          current === undefined
+            ? null
+            : { id: current.holder.id, host: current.holder.host, pid: current.holder.pid },
+        epoch: current === undefined ? null : epochOf(current),
+        taken_at: current?.holder.taken_at ?? null,
+        renewed_at: renewedAt,
+        expires_in_s:
+          renewedAt === null
+            ? null
+            : Math.max(0, Math.round((Date.parse(renewedAt) + options.lease.ttlMs - Date.now()) / 1000)),
+        floor,
+      };
+      const out = stdoutOutput(globals.json === true);
+      if (out.json) {
+        out.document(shown);
+        return;
+      }
+      if (shown.holder === null) {
+        out.line(`nobody holds the lease (epoch floor ${floor})`);
+        return;
+      }
+      out.line(`holder      ${shown.holder.id} (${shown.holder.host}, pid ${shown.holder.pid})`);
+      out.line(`epoch       ${shown.epoch}`);
+      out.line(`taken at    ${shown.taken_at}`);
+      out.line(`renewed at  ${shown.renewed_at}`);
+      out.line(`expires in  ${shown.expires_in_s}s`);
+      out.line(`floor       ${floor}`);
+    });
+}
