@@ -109,6 +109,18 @@ for (const fixture of fixtures) {
       assert.equal(await lease.release(epoch), true);
     });
 
+    test("lease — a standby's floor check never disturbs a holder that has not renewed yet", async () => {
+      const lease = await f.backend();
+      const epoch = await lease.take(holder("a"));
+      assert.ok(epoch !== undefined);
+      // The holder's epoch is the floor now, and it has not renewed: the key's revision is the floor itself.
+      const standby = await f.backend();
+      assert.equal(await standby.raiseAbove(epoch), false);
+      assert.equal((await standby.read())?.holder.id, "a");
+      assert.equal(await standby.take(holder("b")), undefined);
+      assert.equal(await lease.release(epoch), true);
+    });
+
     test("lease — renewal is compare-and-set on the last revision", async () => {
       const lease = await f.backend();
       const first = await lease.take(holder("a"));

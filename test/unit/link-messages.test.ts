@@ -408,7 +408,9 @@ function mutate(message: Record<string, unknown>, mutation: Mutation): unknown {
       parent[last] = mutation.garbage;
       break;
     case "inject":
-      if (typeof target === "object" && target !== null)
+      // Into an array, a new element (a named key would not survive JSON, and `length` cannot take garbage).
+      if (Array.isArray(target)) target.push(mutation.garbage);
+      else if (typeof target === "object" && target !== null)
         (target as Record<string, unknown>)[mutation.key] = mutation.garbage;
       else parent[last] = mutation.garbage;
       break;

@@ -64,7 +64,9 @@ export class NatsKvLease implements LeaseBackend {
     const jsm = await jetstreamManager(this.nc);
     const stream = `KV_${this.bucket}`;
     const info = await jsm.streams.info(stream);
-    if (info.state.last_seq > floor) return false;
+    // The next revision is last_seq + 1: at last_seq == floor it is already above the floor, and the key is a
+    // live holder's (a take at the floor, not yet renewed), which must never be purged away.
+    if (info.state.last_seq >= floor) return false;
     // Purging up to floor + 1 makes the stream's next sequence, and so the next revision, floor + 1.
     await jsm.streams.purge(stream, { seq: floor + 1 });
     this.kv = await NatsKvLease.bucket(this.nc, this.bucket, this.ttlMs);
