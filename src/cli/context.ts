@@ -9,7 +9,10 @@ import type { SigningIdentity } from "../keys/index.js";
 import { loadOrCreateSigningKey } from "../keys/index.js";
 import type { Store } from "../store/index.js";
 import { openStore } from "../store/index.js";
-import { BusError, openIdentities } from "../bus/index.js";
+import type { ControlSide } from "../bus/index.js";
+import { BusError, openControlSide, openIdentities } from "../bus/index.js";
+import { MeshError } from "../errors.js";
+import { createLogger } from "../log.js";
 import type { NatsBrokerIdentities } from "../bus/index.js";
 import { readBrokerRecord } from "../control/broker-record.js";
 
@@ -68,4 +71,16 @@ export async function tellBroker(options: MeshOptions, revoked: ReadonlyMap<stri
   } finally {
     await broker.close();
   }
+}
+
+/** A one-shot connection to this mesh's recorded broker as the control plane, for commands that act or read. */
+export async function openRecordedControlSide(options: MeshOptions): Promise<ControlSide> {
+  const record = readBrokerRecord(options.dataDir);
+  if (record === undefined) {
+    throw new MeshError(
+      "no_broker",
+      "no broker is recorded for this mesh: start it with `mesh up` or `mesh serve`",
+    );
+  }
+  return openControlSide(options.dataDir, record.url, createLogger({ level: "warn" }), { longLived: false });
 }

@@ -3,8 +3,6 @@ import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
 import type { Command } from "commander";
-import { openControlSide } from "../bus/index.js";
-import { readBrokerRecord } from "../control/broker-record.js";
 import { declare, parseDeclarationFile } from "../control/declarations.js";
 import { MeshError, UsageError } from "../errors.js";
 import { nodeNameProblem } from "../link/index.js";
@@ -12,7 +10,7 @@ import { createLogger } from "../log.js";
 import { LeaseHolder } from "../lease/holder.js";
 import { epochOf } from "../lease/lease.js";
 import type { GlobalFlags } from "./context.js";
-import { optionsFrom, signingIdentity, withStore } from "./context.js";
+import { openRecordedControlSide, optionsFrom, signingIdentity, withStore } from "./context.js";
 import { stdoutOutput } from "./output.js";
 
 export function registerDeclareCommand(program: Command): void {
@@ -36,16 +34,7 @@ export function registerDeclareCommand(program: Command): void {
       }
       const files = parseDeclarationFile(text, flags.file);
       const options = optionsFrom(globals);
-      const record = readBrokerRecord(options.dataDir);
-      if (record === undefined) {
-        throw new MeshError(
-          "no_broker",
-          "no broker is recorded for this mesh: start it with `mesh up` or `mesh serve`",
-        );
-      }
-      const side = await openControlSide(options.dataDir, record.url, createLogger({ level: "warn" }), {
-        longLived: false,
-      });
+      const side = await openRecordedControlSide(options);
       const signing = signingIdentity(options);
       const sent = await withStore(options, async (store) => {
         // A command that acts does so under the lease: the holder's epoch, or a lease of its own when nobody

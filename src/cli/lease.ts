@@ -1,12 +1,8 @@
 /** `mesh lease show`: who acts, under which epoch, for how much longer, and the floor below which no epoch goes. */
 import type { Command } from "commander";
-import { openControlSide } from "../bus/index.js";
-import { readBrokerRecord } from "../control/broker-record.js";
-import { MeshError } from "../errors.js";
 import { epochOf } from "../lease/lease.js";
-import { createLogger } from "../log.js";
 import type { GlobalFlags } from "./context.js";
-import { optionsFrom, withStore } from "./context.js";
+import { openRecordedControlSide, optionsFrom, withStore } from "./context.js";
 import { stdoutOutput } from "./output.js";
 
 export function registerLeaseCommands(program: Command): void {
@@ -23,16 +19,7 @@ export function registerLeaseCommands(program: Command): void {
     .action(async (_flags: unknown, command: Command) => {
       const globals = command.optsWithGlobals<GlobalFlags>();
       const options = optionsFrom(globals);
-      const record = readBrokerRecord(options.dataDir);
-      if (record === undefined) {
-        throw new MeshError(
-          "no_broker",
-          "no broker is recorded for this mesh: start it with `mesh up` or `mesh serve`",
-        );
-      }
-      const side = await openControlSide(options.dataDir, record.url, createLogger({ level: "warn" }), {
-        longLived: false,
-      });
+      const side = await openRecordedControlSide(options);
       const [current, floor] = await Promise.all([
         side.lease(options.lease.ttlMs).then((backend) => backend.read()),
         withStore(options, (store) => store.epochs.floor()),

@@ -6,10 +6,9 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { freePort, startNatsServer } from "../../src/bus/index.js";
-import type { RunningNatsServer } from "../../src/bus/index.js";
-import { writeNatsServerConfig } from "../../src/bus/nats/server.js";
 import { mesh } from "../support/cli.js";
+import type { OperatorBroker } from "../support/operator-broker.js";
+import { startOperatorBroker } from "../support/operator-broker.js";
 import type { Running } from "../support/processes.js";
 import { eventually, startBin } from "../support/processes.js";
 import { tempDir } from "../support/tmp.js";
@@ -19,7 +18,7 @@ const leaseEnv = { MESH_LEASE_RENEW_EVERY: "300ms", MESH_LEASE_TTL: "1500ms", ME
 describe("several controllers, one acts", () => {
   const dir = tempDir("mesh-lease-");
   const data = join(dir.path, "data");
-  let server: RunningNatsServer;
+  let server: OperatorBroker;
   const controllers: Running[] = [];
   const serve = () => {
     const controller = startBin("mesh", ["--data", data, "serve", "--broker", server.url], leaseEnv);
@@ -35,21 +34,7 @@ describe("several controllers, one acts", () => {
     };
 
   before(async () => {
-    const fragment = JSON.parse((await mesh(["--data", data, "broker", "config", "--json"])).stdout) as {
-      operator: string;
-      system_account: string;
-      resolver_preload: Record<string, string>;
-    };
-    const port = await freePort();
-    const config = writeNatsServerConfig({
-      dir: join(dir.path, "nats"),
-      host: "127.0.0.1",
-      port,
-      operatorJwt: fragment.operator,
-      systemAccount: fragment.system_account,
-      accounts: fragment.resolver_preload,
-    });
-    server = await startNatsServer(config, { host: "127.0.0.1", port }, join(dir.path, "nats.log"));
+    server = await startOperatorBroker(data, dir.path);
   });
   after(async () => {
     for (const controller of controllers) await controller.stop("SIGKILL");

@@ -8,11 +8,11 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { connect, headers, jwtAuthenticator } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { freePort, openIdentities, startNatsServer } from "../../src/bus/index.js";
-import type { RunningNatsServer } from "../../src/bus/index.js";
-import { writeNatsServerConfig } from "../../src/bus/nats/server.js";
+import { openIdentities } from "../../src/bus/index.js";
 import { decodeToken } from "../../src/link/index.js";
 import { mesh, meshHost } from "../support/cli.js";
+import type { OperatorBroker } from "../support/operator-broker.js";
+import { startOperatorBroker } from "../support/operator-broker.js";
 import type { Running } from "../support/processes.js";
 import { eventually, startBin } from "../support/processes.js";
 import { tempDir } from "../support/tmp.js";
@@ -31,7 +31,7 @@ interface Shown {
 describe("mesh serve with an operator's nats-server", () => {
   const dir = tempDir("mesh-serve-");
   const data = join(dir.path, "data");
-  let server: RunningNatsServer;
+  let server: OperatorBroker;
   let url: string;
   let restartServer: () => Promise<void>;
   let serve: Running | undefined;
@@ -42,26 +42,9 @@ describe("mesh serve with an operator's nats-server", () => {
   const startServe = () => startBin("mesh", ["--data", data, "serve", "--broker", url]);
 
   before(async () => {
-    const fragment = JSON.parse((await cli(["broker", "config", "--json"])).stdout) as {
-      operator: string;
-      system_account: string;
-      resolver_preload: Record<string, string>;
-    };
-    const port = await freePort();
-    const config = writeNatsServerConfig({
-      dir: join(dir.path, "nats"),
-      host: "127.0.0.1",
-      port,
-      operatorJwt: fragment.operator,
-      systemAccount: fragment.system_account,
-      accounts: fragment.resolver_preload,
-    });
-    server = await startNatsServer(config, { host: "127.0.0.1", port }, join(dir.path, "nats.log"));
+    server = await startOperatorBroker(data, dir.path);
     url = server.url;
-    restartServer = async () => {
-      await server.stop();
-      server = await startNatsServer(config, { host: "127.0.0.1", port }, join(dir.path, "nats.log"));
-    };
+    restartServer = () => server.restart();
   });
   after(async () => {
     await agent?.stop("SIGTERM");
