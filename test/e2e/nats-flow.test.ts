@@ -255,6 +255,17 @@ describe("the mesh end to end over NATS", () => {
       items,
       digest: itemsDigest(items),
     });
+    // Properly signed, for this node, a higher sequence — but composed under an epoch before the one it applied.
+    const olderEpoch = encodeMessage({
+      kind: "declaration",
+      node: "app-1",
+      epoch: second.epoch - 1,
+      sequence: 50,
+      issued_at: new Date().toISOString(),
+      items,
+      digest: itemsDigest(items),
+    });
+    assert.ok(second.epoch >= 1, "declared under a lease epoch");
     const cases: Array<[string, Uint8Array, RegExp]> = [
       ["one byte changed", encodeMessage({ ...envelope, payload: flipped.toString("base64") }), /signature/],
       ["re-encoded", encodeMessage({ ...envelope, payload: reencoded.toString("base64") }), /signature/],
@@ -264,6 +275,11 @@ describe("the mesh end to end over NATS", () => {
         /for node app-2/,
       ],
       ["an older sequence", new TextEncoder().encode(first.envelope), /sequence 1 is not newer than 2/],
+      [
+        "an older epoch",
+        encodeMessage(sealDeclaration(olderEpoch, signing.privateKey, signing.fingerprint)),
+        /epoch \d+ is older than \d+/,
+      ],
     ];
 
     const record = openIdentities(data, brokerUrl);
