@@ -26,16 +26,17 @@ export class SqlLease implements LeaseBackend {
       .execute();
   }
 
+  /** What a take or a renewal writes besides the revision. */
+  private holding(holder: HolderInfo, now: Date): { holder: string; expires_at: string } {
+    return { holder: JSON.stringify(holder), expires_at: new Date(now.getTime() + this.ttlMs).toISOString() };
+  }
+
   async take(holder: HolderInfo): Promise<number | undefined> {
     await this.ensureRow();
     const now = this.now();
     const taken = await this.db
       .updateTable("controller_lease")
-      .set((eb) => ({
-        holder: JSON.stringify(holder),
-        revision: eb("revision", "+", 1),
-        expires_at: new Date(now.getTime() + this.ttlMs).toISOString(),
-      }))
+      .set((eb) => ({ ...this.holding(holder, now), revision: eb("revision", "+", 1) }))
       .where("name", "=", row)
       .where((eb) => eb.or([eb("holder", "is", null), eb("expires_at", "<=", now.toISOString())]))
       .returning("revision")
@@ -47,11 +48,7 @@ export class SqlLease implements LeaseBackend {
     const now = this.now();
     const renewed = await this.db
       .updateTable("controller_lease")
-      .set((eb) => ({
-        holder: JSON.stringify(holder),
-        revision: eb("revision", "+", 1),
-        expires_at: new Date(now.getTime() + this.ttlMs).toISOString(),
-      }))
+      .set((eb) => ({ ...this.holding(holder, now), revision: eb("revision", "+", 1) }))
       .where("name", "=", row)
       .where("revision", "=", revision)
       .where("expires_at", ">", now.toISOString())
