@@ -22,10 +22,16 @@ export interface GlobalFlags {
   store?: string;
   outOfTouchAfter?: string;
   json?: boolean;
+  /** `--metrics HOST:PORT` of `up` and `serve`. */
+  metrics?: string;
 }
 
 export function optionsFrom(flags: GlobalFlags): MeshOptions {
-  const settings: MeshSettings = { store: flags.store, out_of_touch_after: flags.outOfTouchAfter };
+  const settings: MeshSettings = {
+    store: flags.store,
+    out_of_touch_after: flags.outOfTouchAfter,
+    metrics: flags.metrics,
+  };
   return compileMeshOptions({ dataDir: flags.data, flags: settings, env: process.env });
 }
 

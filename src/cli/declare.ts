@@ -58,7 +58,14 @@ export function registerDeclareCommand(program: Command): void {
             },
             log: createLogger({ level: "warn" }),
           });
-          if (!(await own.tryTake()) || own.epoch === undefined) {
+          const taken = await own.tryTake().catch((error: unknown) => {
+            throw new MeshError(
+              "no_lease",
+              `nobody holds the lease and this command could not take one (${(error as Error).message}); nothing was declared`,
+              { cause: error },
+            );
+          });
+          if (!taken || own.epoch === undefined) {
             throw new MeshError("lease_busy", "the lease changed hands while declaring; try again");
           }
           epoch = own.epoch;

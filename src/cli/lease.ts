@@ -14,15 +14,17 @@ export function registerLeaseCommands(program: Command): void {
     )
     .option(
       "--json",
-      'print {"holder":{"id","host","pid"},"epoch","taken_at","renewed_at","expires_in_s","floor"}',
+      'print {"holder":{"id","host","pid"},"epoch","taken_at","renewed_at","expires_in_s","floor","no_epoch":[…]}',
     )
     .action(async (_flags: unknown, command: Command) => {
       const globals = command.optsWithGlobals<GlobalFlags>();
       const options = optionsFrom(globals);
       const side = await openRecordedControlSide(options);
-      const [current, floor] = await Promise.all([
+      // A controller without an epoch refreshes its row every renewal period; older rows are of stopped ones.
+      const freshSince = new Date(Date.now() - Math.max(options.lease.ttlMs, 3 * options.lease.renewEveryMs));
+      const [current, [floor, noEpoch]] = await Promise.all([
         side.lease(options.lease.ttlMs).then((backend) => backend.read()),
-        withStore(options, (store) => store.epochs.floor()),
+        withStore(options, (store) => Promise.all([store.epochs.floor(), store.noEpoch.current(freshSince)])),
       ]).finally(() => side.close());
       const renewedAt = current?.holder.renewed_at ?? current?.holder.taken_at ?? null;
       const shown = {
@@ -38,11 +40,25 @@ export function registerLeaseCommands(program: Command): void {
             ? null
             : Math.max(0, Math.round((Date.parse(renewedAt) + options.lease.ttlMs - Date.now()) / 1000)),
         floor,
+        // Urgent: controllers acting without any epoch because the lease could not be written.
+        no_epoch: noEpoch.map(({ controller, host, pid, reason, since }) => ({
+          id: controller,
+          host,
+          pid,
+          since,
+          reason,
+        })),
       };
       const out = stdoutOutput(globals.json === true);
       if (out.json) {
         out.document(shown);
         return;
+      }
+      for (const controller of shown.no_epoch) {
+        out.line(
+          `URGENT: controller ${controller.id} (${controller.host}, pid ${controller.pid}) acts WITHOUT an epoch ` +
+            `since ${controller.since}: the lease cannot be written (${controller.reason})`,
+        );
       }
       if (shown.holder === null) {
         out.line(`nobody holds the lease (epoch floor ${floor})`);

@@ -21,6 +21,9 @@ import { optionsFrom, withStore } from "./context.js";
 
 const host = "127.0.0.1";
 const defaultNatsPort = 4222;
+const metricsFlag = "--metrics <host:port>";
+const metricsHelp =
+  "serve Prometheus metrics at http://HOST:PORT/metrics (or off; default off, MESH_METRICS)";
 
 export function registerServeCommands(program: Command): void {
   program
@@ -30,6 +33,7 @@ export function registerServeCommands(program: Command): void {
       "--nats-port <port>",
       "the broker's port (0: any free port; default 4222 if free on the first run)",
     )
+    .option(metricsFlag, metricsHelp)
     .action(async (flags: { natsPort?: string }, command: Command) => {
       const options = optionsFrom(command.optsWithGlobals<GlobalFlags>());
       const wanted = flags.natsPort === undefined ? undefined : parsePort(flags.natsPort);
@@ -62,6 +66,7 @@ export function registerServeCommands(program: Command): void {
     .command("serve")
     .description("run the control plane against a broker that already runs")
     .requiredOption("--broker <url>", "the broker, e.g. nats://127.0.0.1:4222")
+    .option(metricsFlag, metricsHelp)
     .action(async (flags: { broker: string }, command: Command) => {
       const options = optionsFrom(command.optsWithGlobals<GlobalFlags>());
       mkdirSync(options.dataDir, { recursive: true, mode: 0o700 });

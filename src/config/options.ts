@@ -22,6 +22,8 @@ export interface MeshOptions {
   historyLimit: number;
   /** The controller lease: renew every, entries age out after, stop acting this much before. */
   lease: { renewEveryMs: number; ttlMs: number; marginMs: number };
+  /** Where `mesh serve` serves Prometheus metrics, or undefined when it does not. */
+  metrics: { host: string; port: number } | undefined;
 }
 
 /** What may be set, by its name in mesh.yaml; the environment variable is MESH_ + the name in capitals. */
@@ -33,6 +35,8 @@ export interface MeshSettings {
   lease_renew_every?: string | undefined;
   lease_ttl?: string | undefined;
   lease_margin?: string | undefined;
+  /** `HOST:PORT` for `/metrics`, or `off`. */
+  metrics?: string | undefined;
 }
 
 const defaults = {
@@ -53,6 +57,7 @@ const settingNames = [
   "lease_renew_every",
   "lease_ttl",
   "lease_margin",
+  "metrics",
 ] as const;
 
 const fileSchema = z.strictObject({
@@ -63,6 +68,7 @@ const fileSchema = z.strictObject({
   lease_renew_every: z.string().min(1).optional(),
   lease_ttl: z.string().min(1).optional(),
   lease_margin: z.string().min(1).optional(),
+  metrics: z.string().min(1).optional(),
 });
 
 export interface CompileInput {
@@ -91,6 +97,7 @@ export function compileMeshOptions(input: CompileInput): MeshOptions {
   const [outOfTouch, outOfTouchSource] = pick("out_of_touch_after");
   const [tokenTtl, tokenTtlSource] = pick("token_ttl");
   const [history, historySource] = pick("history_limit");
+  const [metrics, metricsSource] = pick("metrics");
   return {
     dataDir,
     storeUrl: store ?? `sqlite:${join(dataDir, "mesh.db")}`,
@@ -98,6 +105,7 @@ export function compileMeshOptions(input: CompileInput): MeshOptions {
     tokenTtlMs: parseDuration(tokenTtl ?? defaults.tokenTtl, tokenTtlSource),
     historyLimit: history === undefined ? defaults.historyLimit : parseCount(history, historySource),
     lease: compileLease(pick("lease_renew_every"), pick("lease_ttl"), pick("lease_margin")),
+    metrics: metrics === undefined ? undefined : parseListen(metrics, metricsSource),
   };
 }
 
@@ -171,6 +179,17 @@ function compileLease(
     );
   }
   return lease;
+}
+
+/** `HOST:PORT` (port 0 picks a free one), or `off`. */
+export function parseListen(value: string, source: string): { host: string; port: number } | undefined {
+  if (value.trim() === "off") return undefined;
+  const match = /^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(value.trim());
+  const port = Number(match?.[2]);
+  if (match?.[1] === undefined || !(port >= 0 && port <= 65535)) {
+    throw new UsageError(`${source}: "${value}" is not HOST:PORT (e.g. 127.0.0.1:9464) or off`);
+  }
+  return { host: match[1].replace(/^\[|\]$/g, ""), port };
 }
 
 function parseCount(value: string | number, source: string): number {

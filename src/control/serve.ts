@@ -20,6 +20,7 @@ import { resendLatest } from "./declarations.js";
 import { answerEnrolment } from "./enrolment.js";
 import { Ingest } from "./ingest.js";
 import { LivenessWatch } from "./liveness-watch.js";
+import { Metrics } from "./metrics.js";
 import { currentRevocations } from "./revocations.js";
 
 export interface ServeSettings {
@@ -54,13 +55,8 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
     throw error;
   });
   const backend = await side.lease(options.lease.ttlMs);
-  const holder = new LeaseHolder({
-    backend,
-    epochs: store.epochs,
-    timings: options.lease,
-    holder: { id: randomUUID(), host: hostname(), pid: process.pid, taken_at: now().toISOString() },
-    log,
-  });
+  const me = { id: randomUUID(), host: hostname(), pid: process.pid, taken_at: now().toISOString() };
+  const holder = new LeaseHolder({ backend, epochs: store.epochs, timings: options.lease, holder: me, log });
 
   let stopping = false;
   const timers: NodeJS.Timeout[] = [];
@@ -68,26 +64,155 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
   let consuming: Promise<void> | undefined;
   let closeGate: (reason: string) => void = () => undefined;
   const gateClosed = new Promise<string>((resolve) => (closeGate = resolve));
+  /**
+   * Set while this controller acts without any epoch: nobody held the lease and it could not be written at all.
+   * Urgent and never silent: logged, kept in the store for `mesh lease show`, and a metric.
+   */
+  let noEpoch: { since: string; reason: string; loggedAt: number } | undefined;
   /** Work that acts passes the gate; a closed gate means the lease may be someone else's by now. */
   const gate = (): boolean => {
     if (stopping) return false;
-    if (holder.canAct()) return true;
+    if (noEpoch !== undefined || holder.canAct()) return true;
     closeGate("the lease's gate closed: no renewal within its lifetime");
     return false;
   };
 
-  const act = async (): Promise<void> => {
-    // A standby waits: nothing is asserted or consumed before the lease is ours.
+  const metrics = new Metrics();
+  metrics.gauge("mesh_lease_held", "1 while this controller holds the lease and its gate is open", () =>
+    holder.canAct() ? 1 : 0,
+  );
+  metrics.gauge(
+    "mesh_lease_epoch",
+    "the epoch this controller acts under (0: none)",
+    () => holder.epoch ?? 0,
+  );
+  metrics.gauge(
+    "mesh_lease_no_epoch",
+    "1 while this controller acts without any epoch because the lease cannot be written (urgent)",
+    () => (noEpoch === undefined ? 0 : 1),
+  );
+  const countHandled = metrics.counter(
+    "mesh_control_messages_total",
+    "messages taken from the control queue",
+  );
+  const countHandedBack = metrics.counter(
+    "mesh_control_messages_handed_back_total",
+    "messages handed back to the broker because the gate was closed",
+  );
+  const metricsServer =
+    options.metrics === undefined
+      ? undefined
+      : await metrics.listen(options.metrics.host, options.metrics.port).catch(async (error: unknown) => {
+          await side.close();
+          await store.close();
+          throw error;
+        });
+  if (metricsServer !== undefined) log.info("metrics.serving", { url: metricsServer.url });
+
+  const urgentNote =
+    "nobody holds the lease and it cannot be written: acting WITHOUT an epoch. Nothing fences this controller " +
+    "from another and no declaration can be signed until the lease store takes writes again";
+  const raiseNoEpoch = async (reason: string): Promise<void> => {
+    const at = now().toISOString();
+    if (noEpoch === undefined) {
+      noEpoch = { since: at, reason, loggedAt: Date.now() };
+      log.error("lease.no_epoch", { urgent: true, reason, note: urgentNote });
+    } else if (Date.now() - noEpoch.loggedAt >= 60_000) {
+      noEpoch.loggedAt = Date.now();
+      log.error("lease.no_epoch", { urgent: true, reason, since: noEpoch.since, note: urgentNote });
+    }
+    await store.noEpoch.raise({
+      controller: me.id,
+      host: me.host,
+      pid: me.pid,
+      reason,
+      since: noEpoch.since,
+      seen_at: at,
+    });
+  };
+  /** While without an epoch, the lease is tried again every renewal period. */
+  let retrying = false;
+  const retryLease = async (): Promise<void> => {
+    if (noEpoch === undefined || retrying || stopping) return;
+    retrying = true;
+    try {
+      const attempt = await holder.tryTake().then(
+        (taken) => ({ taken }),
+        (error: unknown) => ({ failure: errorText(error) }),
+      );
+      if ("failure" in attempt) {
+        await raiseNoEpoch(attempt.failure);
+        return;
+      }
+      if (!attempt.taken) {
+        closeGate("another controller took the lease while this one acted without an epoch");
+        return;
+      }
+      log.warn("lease.epoch_restored", { epoch: holder.epoch, without_epoch_since: noEpoch.since });
+      noEpoch = undefined;
+      await store.noEpoch.clear(me.id);
+    } finally {
+      retrying = false;
+    }
+  };
+
+  /** Waits as a standby until the lease is ours, or until it is clear that nobody can hold it at all. */
+  const obtain = async (): Promise<"holder" | "no_epoch" | "stopping"> => {
     let announced = false;
-    while (!(await holder.tryTake())) {
-      if (stopping) return;
+    for (;;) {
+      if (stopping) return "stopping";
+      let taken: boolean;
+      try {
+        taken = await holder.tryTake();
+      } catch (error) {
+        const reason = errorText(error);
+        const current = await backend.read().then(
+          (record) => record ?? null,
+          (readError: unknown) => {
+            log.warn("lease.unreadable", { error: errorText(readError) });
+            return "unknown" as const;
+          },
+        );
+        if (current === null) {
+          await raiseNoEpoch(reason);
+          return "no_epoch";
+        }
+        // Someone may hold it: without knowing, acting would risk two controllers. Wait and try again.
+        log.warn("lease.unwritable", {
+          reason,
+          holder: current === "unknown" ? "unknown" : current.holder,
+          note: "standing by",
+        });
+        await new Promise((resolve) => setTimeout(resolve, options.lease.renewEveryMs));
+        continue;
+      }
+      if (taken) return "holder";
       if (!announced) {
         log.info("lease.standby", { holder: (await backend.read())?.holder ?? null });
         announced = true;
       }
-      await new Promise((resolve) => setTimeout(resolve, options.lease.renewEveryMs));
+      // Woken at once when the holder gives the lease back; an expiry is seen within one renewal period.
+      const note = await backend.changed(options.lease.renewEveryMs).catch(async (error: unknown) => {
+        await new Promise((resolve) => setTimeout(resolve, options.lease.renewEveryMs));
+        return `the lease could not be watched: ${errorText(error)}`;
+      });
+      if (note !== undefined) log.warn("lease.watch_failed", { note });
     }
-    if (stopping) return;
+  };
+
+  const act = async (): Promise<void> => {
+    // A standby waits: nothing is asserted or consumed before the lease is ours.
+    const standing = await obtain();
+    if (standing === "stopping" || stopping) return;
+    if (standing === "no_epoch") {
+      timers.push(
+        setInterval(() => {
+          retryLease().catch((error: unknown) =>
+            log.error("lease.retry_failed", { error: errorText(error) }),
+          );
+        }, options.lease.renewEveryMs),
+      );
+    }
     await side.bus.assert();
     // The broker may have started from an older preload (it is not always ours to rewrite): bring its
     // revocations up to date now and after every reconnection.
@@ -140,11 +265,16 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
         () => watch.check(),
       ),
     );
-    consuming = side.bus.consumeControl((delivery) =>
-      gate() ? running.handle(delivery) : Promise.resolve("retry"),
-    );
+    consuming = side.bus.consumeControl((delivery) => {
+      if (!gate()) {
+        countHandedBack();
+        return Promise.resolve("retry");
+      }
+      countHandled();
+      return running.handle(delivery);
+    });
     log.info("control.serving", {
-      epoch: holder.epoch,
+      epoch: holder.epoch ?? null,
       broker: settings.brokerUrl,
       store: options.storeUrl.replace(/:[^:@/]*@/, ":***@"),
     });
@@ -169,12 +299,15 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       await holder
         .release()
         .catch((error: unknown) => log.warn("lease.not_released", { error: errorText(error) }));
+      await backend.close();
       await side.close();
       await consuming?.catch((error: unknown) =>
         log.warn("control.consume_ended", { error: errorText(error) }),
       );
       await ingest?.flush();
+      if (noEpoch !== undefined) await store.noEpoch.clear(me.id);
       await store.close();
+      await metricsServer?.close();
       log.info("control.stopped");
     },
   };

@@ -43,6 +43,12 @@ export interface LeaseBackend {
    * it had to move the revisions, so the caller can say so.
    */
   raiseAbove(floor: number): Promise<boolean>;
+  /**
+   * Resolves when the record may have changed (a holder gave the lease back or took it), and at the latest after
+   * `withinMs`: expiry by age is not announced by every store, so a standby looks again at least that often.
+   * Resolves with a note for the log when the watch it relies on had failed.
+   */
+  changed(withinMs: number): Promise<string | undefined>;
   close(): Promise<void>;
 }
 

@@ -10,3 +10,4 @@ export type { Enrolment, NodeRecord } from "./nodes.js";
 export type { DeclarationRecord } from "./declarations.js";
 export type { AccountRecord } from "./accounts.js";
 export type { MeshEvent, StoredEvent } from "./events.js";
+export type { NoEpochController } from "./no-epoch.js";

@@ -93,4 +93,9 @@ export class SqlLease implements LeaseBackend {
   async close(): Promise<void> {
     await Promise.resolve();
   }
+
+  /** A row announces nothing: a standby reads it again after `withinMs`. */
+  async changed(withinMs: number): Promise<undefined> {
+    return new Promise((resolve) => setTimeout(() => resolve(undefined), withinMs));
+  }
 }

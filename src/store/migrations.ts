@@ -143,11 +143,33 @@ const controllerLease: NumberedMigration = () => ({
   },
 });
 
+/**
+ * Controllers running without an epoch (the lease could not be written at all): an urgent condition every command
+ * must be able to see, so it is kept where every controller and command can read it.
+ */
+const controllerNoEpoch: NumberedMigration = () => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema
+      .createTable("controller_no_epoch")
+      .addColumn("controller", "text", (c) => c.primaryKey())
+      .addColumn("host", "text", (c) => c.notNull())
+      .addColumn("pid", "integer", (c) => c.notNull())
+      .addColumn("reason", "text", (c) => c.notNull())
+      .addColumn("since", "text", (c) => c.notNull())
+      .addColumn("seen_at", "text", (c) => c.notNull())
+      .execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema.dropTable("controller_no_epoch").execute();
+  },
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
   ["0003_revoked_identities", revokedIdentities],
   ["0004_controller_lease", controllerLease],
+  ["0005_controller_no_epoch", controllerNoEpoch],
 ];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {

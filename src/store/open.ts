@@ -17,6 +17,7 @@ import { EpochQueries } from "./epochs.js";
 import { EventQueries } from "./events.js";
 import { migrationProvider } from "./migrations.js";
 import { NodeQueries } from "./nodes.js";
+import { NoEpochQueries } from "./no-epoch.js";
 import type { Database } from "./schema.js";
 import { TokenQueries } from "./tokens.js";
 import type { Dialect, StoreLocation } from "./url.js";
@@ -36,6 +37,7 @@ export class Store {
   readonly epochs: EpochQueries;
   readonly counters: CounterQueries;
   readonly revokedIdentities: RevokedIdentityQueries;
+  readonly noEpoch: NoEpochQueries;
 
   constructor(
     readonly dialect: Dialect,
@@ -50,6 +52,7 @@ export class Store {
     this.epochs = new EpochQueries(db);
     this.counters = new CounterQueries(db);
     this.revokedIdentities = new RevokedIdentityQueries(db);
+    this.noEpoch = new NoEpochQueries(db);
   }
 
   /** The lease kept in this store (for deployments without NATS). */

@@ -99,7 +99,18 @@ export interface ControllerLeaseTable {
   expires_at: string | null;
 }
 
+export interface ControllerNoEpochTable {
+  controller: string;
+  host: string;
+  pid: number;
+  reason: string;
+  since: string;
+  /** Refreshed while the condition lasts; a row not refreshed for a while belongs to a controller that stopped. */
+  seen_at: string;
+}
+
 export interface Database {
+  controller_no_epoch: ControllerNoEpochTable;
   controller_lease: ControllerLeaseTable;
   revoked_identities: RevokedIdentityTable;
   node_counters: NodeCounterTable;

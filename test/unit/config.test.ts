@@ -38,7 +38,23 @@ test("config — defaults when nothing is set", () => {
     tokenTtlMs: 3_600_000,
     historyLimit: 50,
     lease: { renewEveryMs: 5000, ttlMs: 15_000, marginMs: 3000 },
+    metrics: undefined,
   });
+});
+
+test("config — metrics listen on HOST:PORT, or not at all", () => {
+  const compile = (value: string) =>
+    compileMeshOptions({ dataDir: join(dir.path, "metrics"), flags: { metrics: value }, env: {} }).metrics;
+  assert.deepEqual(compile("127.0.0.1:9464"), { host: "127.0.0.1", port: 9464 });
+  assert.deepEqual(compile("[::1]:0"), { host: "::1", port: 0 });
+  assert.equal(compile("off"), undefined);
+  for (const bad of ["9464", "127.0.0.1", "127.0.0.1:65536", "127.0.0.1:-1", "host:port", ":9464", "on"]) {
+    assert.throws(
+      () => compile(bad),
+      (e: unknown) => e instanceof UsageError && /--metrics: .* is not HOST:PORT/.test(e.message),
+      bad,
+    );
+  }
 });
 
 test("config — a lease renewed no more often than it may act is refused", () => {

@@ -5,8 +5,9 @@
  */
 import type { NatsConnection } from "@nats-io/transport-node";
 import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
-import type { KV } from "@nats-io/kv";
-import { Kvm } from "@nats-io/kv";
+import type { KV, KvWatchEntry } from "@nats-io/kv";
+import { Kvm, KvWatchInclude } from "@nats-io/kv";
+import type { QueuedIterator } from "@nats-io/transport-node";
 import type { HolderInfo, LeaseBackend, LeaseRecord } from "../../lease/lease.js";
 import { BusError } from "../errors.js";
 
@@ -16,6 +17,12 @@ const key = "holder";
 const wrongLastSequence = 10071;
 
 export class NatsKvLease implements LeaseBackend {
+  /** Watches the key for standbys, opened on first use. */
+  private watcher: QueuedIterator<KvWatchEntry> | undefined;
+  private readonly waiting = new Set<() => void>();
+  /** Why the last watcher failed, told to the next waiter (which then opens a new one). */
+  private watchFailure: string | undefined;
+
   private constructor(
     private readonly nc: NatsConnection,
     private kv: KV,
@@ -73,7 +80,48 @@ export class NatsKvLease implements LeaseBackend {
     return true;
   }
 
+  async changed(withinMs: number): Promise<string | undefined> {
+    const failure = this.watchFailure;
+    this.watchFailure = undefined;
+    if (failure !== undefined) return `the watch on the lease ended (${failure}); watching again`;
+    if (this.watcher === undefined) this.watcher = await this.watch();
+    return new Promise<undefined>((resolve) => {
+      const wake = () => {
+        clearTimeout(timer);
+        this.waiting.delete(wake);
+        resolve(undefined);
+      };
+      const timer = setTimeout(wake, withinMs);
+      this.waiting.add(wake);
+    });
+  }
+
+  /** Every put or delete of the key wakes whoever waits; the bucket's TTL expiry is not announced on 2.9. */
+  private async watch(): Promise<QueuedIterator<KvWatchEntry>> {
+    const watcher = await this.kv.watch({ key, include: KvWatchInclude.UpdatesOnly });
+    const wakeAll = () => {
+      for (const wake of [...this.waiting]) wake();
+    };
+    void (async () => {
+      try {
+        for await (const entry of watcher) {
+          if (entry.key === key) wakeAll();
+        }
+      } catch (error) {
+        // The bucket went away or the connection closed: whoever waits looks again now, with a new watcher.
+        this.watchFailure = (error as Error).message;
+      } finally {
+        if (this.watcher === watcher) this.watcher = undefined;
+        wakeAll();
+      }
+    })();
+    return watcher;
+  }
+
   async close(): Promise<void> {
+    const watcher = this.watcher;
+    this.watcher = undefined;
+    watcher?.stop();
     await Promise.resolve();
   }
 
