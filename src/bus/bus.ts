@@ -93,9 +93,11 @@ export type NodeCredential =
  */
 export interface BrokerIdentities {
   readonly url: string;
+  /** A token's identity; on brokers that take passwords, the token's secret is its password. */
   forToken(token: {
     id: string;
     node: string;
+    secret: string;
     expiresAt: Date;
   }): Promise<{ user: string; credential: TokenCredential }>;
   /** `nodeUser` is the broker user key the node made itself (NATS); brokers that name users themselves ignore it. */

@@ -18,6 +18,12 @@ import { connectNats } from "./nats/connect.js";
 import { NatsControlBus } from "./nats/control-bus.js";
 import { NatsKvLease } from "./nats/lease-kv.js";
 import type { LeaseBackend } from "../lease/lease.js";
+import type { Store } from "../store/index.js";
+import { AmqpControlBus } from "./amqp/control-bus.js";
+import { AmqpBrokerIdentities } from "./amqp/identities.js";
+import { AmqpLink, parseAmqpUrl } from "./amqp/link.js";
+import { RabbitManagement } from "./amqp/management.js";
+import { AmqpEnrolmentBus, AmqpNodeBus } from "./amqp/node-bus.js";
 import type { EmbeddedServer } from "./nats/identities.js";
 import { NatsBrokerIdentities, serverConfigFragment } from "./nats/identities.js";
 import { NatsEnrolmentBus, NatsNodeBus } from "./nats/node-bus.js";
@@ -40,35 +46,76 @@ export function authorityDir(dataDir: string): string {
 
 export interface ControlSide {
   bus: ControlBus;
-  identities: BrokerIdentities;
-  /** The controller lease in the broker's key-value store. */
-  lease(ttlMs: number): Promise<LeaseBackend>;
+  identities: ControlIdentities;
+  /** The controller lease: in the broker's key-value store (NATS) or in the mesh's store (RabbitMQ). */
+  lease(ttlMs: number, store: Store): Promise<LeaseBackend>;
   close(): Promise<void>;
 }
 
+/** Broker identities as the control plane uses them, whichever the broker. */
+export interface ControlIdentities extends BrokerIdentities {
+  /** Deletes the accounts of tokens no longer valid (RabbitMQ); NATS tokens expire by themselves. Returns how many. */
+  sweepTokens(valid: ReadonlySet<string>): Promise<number>;
+  /** Removes what the broker keeps for a retired node (its RabbitMQ queue). */
+  forget(node: string): Promise<void>;
+}
+
+/** How the control plane reaches its broker: the URL, and for RabbitMQ its management API. */
+export interface BrokerAccess {
+  url: string;
+  /** `http://user:pass@host:15672`: RabbitMQ accounts are made through it. */
+  rabbitmqApi?: string | undefined;
+  /** The mesh's own nats-server, when it runs one. */
+  embedded?: EmbeddedServer | undefined;
+}
+
+/** The management API of a RabbitMQ broker: as given, or beside the broker with the broker URL's credentials. */
+export function rabbitmqApiOf(access: BrokerAccess): string {
+  if (access.rabbitmqApi !== undefined) return access.rabbitmqApi;
+  const address = parseAmqpUrl(access.url);
+  if (address.username === undefined) {
+    throw new MeshError(
+      "usage",
+      `RabbitMQ accounts are made through its management API: give --rabbitmq-api http://user:pass@${address.hostname}:15672 ` +
+        "(or put the administrator's credentials in the broker URL)",
+    );
+  }
+  return `http://${encodeURIComponent(address.username)}:${encodeURIComponent(address.password ?? "")}@${address.hostname}:15672`;
+}
+
 /** The control plane's identities on the broker; enough for commands that mint or revoke but send nothing. */
-export function openIdentities(
+export function openIdentities(dataDir: string, access: BrokerAccess): ControlIdentities {
+  if (brokerKindOf(access.url) === "amqp") {
+    return new AmqpBrokerIdentities(
+      new RabbitManagement(rabbitmqApiOf(access)),
+      parseAmqpUrl(access.url),
+      join(dataDir, "rabbitmq"),
+    );
+  }
+  return openNatsIdentities(dataDir, access.url, access.embedded);
+}
+
+/** The NATS identities of this mesh, for what only NATS has (the server config, the control user's JWT). */
+export function openNatsIdentities(
   dataDir: string,
   url: string,
   embedded?: EmbeddedServer,
 ): NatsBrokerIdentities {
-  brokerKindOf(url);
   return new NatsBrokerIdentities(loadOrCreateAuthority(authorityDir(dataDir)), url, embedded);
 }
 
 /** Connects the control plane to its broker. */
 export async function openControlSide(
   dataDir: string,
-  url: string,
+  access: BrokerAccess,
   log: Logger,
-  options: { embedded?: EmbeddedServer; longLived: boolean },
+  options: { longLived: boolean },
 ): Promise<ControlSide> {
-  const kind = brokerKindOf(url);
-  if (kind !== "nats") throw new MeshError("unsupported_broker", "RabbitMQ is not supported yet");
-  const identities = openIdentities(dataDir, url, options.embedded);
+  if (brokerKindOf(access.url) === "amqp") return openAmqpControlSide(dataDir, access, log, options);
+  const identities = openNatsIdentities(dataDir, access.url, access.embedded);
   // A control plane rides out broker restarts; a one-shot command fails at once when the broker is away.
   const nc = await connectNats({
-    url,
+    url: access.url,
     identity: await identities.controlIdentity(),
     name: "mesh control",
     reconnect: options.longLived,
@@ -85,14 +132,49 @@ export async function openControlSide(
   };
 }
 
+async function openAmqpControlSide(
+  dataDir: string,
+  access: BrokerAccess,
+  log: Logger,
+  options: { longLived: boolean },
+): Promise<ControlSide> {
+  const address = parseAmqpUrl(access.url);
+  const identities = new AmqpBrokerIdentities(
+    new RabbitManagement(rabbitmqApiOf(access)),
+    address,
+    join(dataDir, "rabbitmq"),
+  );
+  const credential = await identities.controlCredential();
+  const link = await AmqpLink.open({
+    address,
+    username: credential.username,
+    password: credential.password,
+    name: "mesh control",
+    reconnect: options.longLived,
+    log,
+  });
+  const bus = new AmqpControlBus(link, log);
+  return {
+    bus,
+    identities,
+    // RabbitMQ has no compare-and-set store: the lease is a row in the mesh's store, with the same contract.
+    lease: (ttlMs, store) => Promise.resolve(store.lease(ttlMs)),
+    close: async () => {
+      await bus.close();
+      await identities.close();
+    },
+  };
+}
+
 export async function openNodeSide(
   url: string,
   node: string,
   credential: NodeCredential,
   seed: string | undefined,
 ): Promise<NodeBus> {
-  if (credential.type !== "nats" || seed === undefined) {
-    throw new MeshError("unsupported_broker", "only NATS node credentials are supported yet");
+  if (credential.type === "amqp") return AmqpNodeBus.open(parseAmqpUrl(url), node, credential);
+  if (seed === undefined) {
+    throw new MeshError("not_joined", "this node's NATS user seed is missing from its state");
   }
   return NatsNodeBus.open(url, node, { jwt: credential.jwt, seed });
 }
@@ -101,9 +183,14 @@ export async function openEnrolmentSide(
   url: string,
   node: string,
   credential: TokenCredential,
+  secret: string,
 ): Promise<EnrolmentBus> {
-  if (credential.type !== "nats")
-    throw new MeshError("unsupported_broker", "only NATS tokens are supported yet");
+  if (credential.type === "amqp") {
+    return AmqpEnrolmentBus.open(parseAmqpUrl(url), node, {
+      username: credential.username,
+      password: secret,
+    });
+  }
   return NatsEnrolmentBus.open(url, node, { jwt: credential.jwt, seed: credential.seed });
 }
 
@@ -112,6 +199,9 @@ export { newUserKey } from "./nats/authority.js";
 export { findNatsServer, freePort, portIsFree, startNatsServer } from "./nats/server.js";
 export type { RunningNatsServer } from "./nats/server.js";
 export type { NatsBrokerIdentities } from "./nats/identities.js";
+export type { AmqpBrokerIdentities } from "./amqp/identities.js";
+export { parseAmqpUrl } from "./amqp/link.js";
+export { RabbitManagement } from "./amqp/management.js";
 
 /** What a nats-server needs to serve this mesh: operator, system account, accounts to preload. */
 export async function brokerConfigFragment(

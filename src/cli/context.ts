@@ -9,11 +9,10 @@ import type { SigningIdentity } from "../keys/index.js";
 import { loadOrCreateSigningKey } from "../keys/index.js";
 import type { Store } from "../store/index.js";
 import { openStore } from "../store/index.js";
-import type { ControlSide } from "../bus/index.js";
+import type { BrokerAccess, ControlIdentities, ControlSide } from "../bus/index.js";
 import { BusError, openControlSide, openIdentities } from "../bus/index.js";
 import { MeshError } from "../errors.js";
 import { createLogger } from "../log.js";
-import type { NatsBrokerIdentities } from "../bus/index.js";
 import { readBrokerRecord } from "../control/broker-record.js";
 
 /** The flags every `mesh` command shares. */
@@ -24,6 +23,8 @@ export interface GlobalFlags {
   json?: boolean;
   /** `--metrics HOST:PORT` of `up` and `serve`. */
   metrics?: string;
+  /** `--rabbitmq-api URL`. */
+  rabbitmqApi?: string;
 }
 
 export function optionsFrom(flags: GlobalFlags): MeshOptions {
@@ -31,6 +32,7 @@ export function optionsFrom(flags: GlobalFlags): MeshOptions {
     store: flags.store,
     out_of_touch_after: flags.outOfTouchAfter,
     metrics: flags.metrics,
+    rabbitmq_api: flags.rabbitmqApi,
   };
   return compileMeshOptions({ dataDir: flags.data, flags: settings, env: process.env });
 }
@@ -45,15 +47,24 @@ export async function withStore<T>(options: MeshOptions, work: (store: Store) =>
   }
 }
 
-/** The broker identities of this mesh, when a broker has been recorded (by `mesh up` or `mesh serve`). */
-export function recordedBroker(options: MeshOptions): NatsBrokerIdentities | undefined {
+/** How to reach this mesh's recorded broker, when one has been recorded (by `mesh up` or `mesh serve`). */
+export function recordedAccess(options: MeshOptions): BrokerAccess | undefined {
   const record = readBrokerRecord(options.dataDir);
   if (record === undefined) return undefined;
-  const embedded =
-    record.embedded === undefined
-      ? undefined
-      : { dir: join(options.dataDir, "nats", "server"), ...record.embedded };
-  return openIdentities(options.dataDir, record.url, embedded);
+  return {
+    url: record.url,
+    rabbitmqApi: options.rabbitmqApi ?? record.rabbitmq_api,
+    embedded:
+      record.embedded === undefined
+        ? undefined
+        : { dir: join(options.dataDir, "nats", "server"), ...record.embedded },
+  };
+}
+
+/** The broker identities of this mesh, when a broker has been recorded. */
+export function recordedBroker(options: MeshOptions): ControlIdentities | undefined {
+  const access = recordedAccess(options);
+  return access === undefined ? undefined : openIdentities(options.dataDir, access);
 }
 
 export function signingIdentity(options: MeshOptions): SigningIdentity {
@@ -64,11 +75,16 @@ export function signingIdentity(options: MeshOptions): SigningIdentity {
  * Has the recorded broker refuse exactly the identities in `revoked` now. When the broker is not running, says so
  * on stderr: the control plane applies the same list when it starts.
  */
-export async function tellBroker(options: MeshOptions, revoked: ReadonlyMap<string, Date>): Promise<void> {
+export async function tellBroker(
+  options: MeshOptions,
+  revoked: ReadonlyMap<string, Date>,
+  retired?: string,
+): Promise<void> {
   const broker = recordedBroker(options);
   if (broker === undefined) return;
   try {
     await broker.revoke(revoked);
+    if (retired !== undefined) await broker.forget(retired);
   } catch (error) {
     if (!(error instanceof BusError)) throw error;
     process.stderr.write(
@@ -81,12 +97,12 @@ export async function tellBroker(options: MeshOptions, revoked: ReadonlyMap<stri
 
 /** A one-shot connection to this mesh's recorded broker as the control plane, for commands that act or read. */
 export async function openRecordedControlSide(options: MeshOptions): Promise<ControlSide> {
-  const record = readBrokerRecord(options.dataDir);
-  if (record === undefined) {
+  const access = recordedAccess(options);
+  if (access === undefined) {
     throw new MeshError(
       "no_broker",
       "no broker is recorded for this mesh: start it with `mesh up` or `mesh serve`",
     );
   }
-  return openControlSide(options.dataDir, record.url, createLogger({ level: "warn" }), { longLived: false });
+  return openControlSide(options.dataDir, access, createLogger({ level: "warn" }), { longLived: false });
 }

@@ -39,7 +39,7 @@ export function registerDeclareCommand(program: Command): void {
       const sent = await withStore(options, async (store) => {
         // A command that acts does so under the lease: the holder's epoch, or a lease of its own when nobody
         // holds one. It never writes as a second controller.
-        const backend = await side.lease(options.lease.ttlMs);
+        const backend = await side.lease(options.lease.ttlMs, store);
         const current = await backend.read();
         let own: LeaseHolder | undefined;
         let epoch: number;

@@ -22,10 +22,13 @@ export function registerLeaseCommands(program: Command): void {
       const side = await openRecordedControlSide(options);
       // A controller without an epoch refreshes its row every renewal period; older rows are of stopped ones.
       const freshSince = new Date(Date.now() - Math.max(options.lease.ttlMs, 3 * options.lease.renewEveryMs));
-      const [current, [floor, noEpoch]] = await Promise.all([
-        side.lease(options.lease.ttlMs).then((backend) => backend.read()),
-        withStore(options, (store) => Promise.all([store.epochs.floor(), store.noEpoch.current(freshSince)])),
-      ]).finally(() => side.close());
+      const [current, floor, noEpoch] = await withStore(options, (store) =>
+        Promise.all([
+          side.lease(options.lease.ttlMs, store).then((backend) => backend.read()),
+          store.epochs.floor(),
+          store.noEpoch.current(freshSince),
+        ]),
+      ).finally(() => side.close());
       const renewedAt = current?.holder.renewed_at ?? current?.holder.taken_at ?? null;
       const shown = {
         holder:

@@ -138,7 +138,7 @@ export function registerNodeCommands(program: Command): void {
       if (nodeNameProblem(name) !== undefined) throw new UsageError(`"${name}" is not a node name`);
       const options = optionsFrom(globals);
       const revoked = await withStore(options, (store) => retireNode(store, name, new Date()));
-      await tellBroker(options, revoked);
+      await tellBroker(options, revoked, name);
       const out = stdoutOutput(globals.json === true);
       if (out.json) out.document({ node: name, state: "retired" });
       else out.line(`retired ${name}`);

@@ -1,18 +1,28 @@
 /**
  * `mesh up`: everything local on the embedded defaults — the mesh's own nats-server (operator mode, JetStream in
- * the data dir, 127.0.0.1) as a supervised child, and the control plane in this process. `mesh serve`: the control
- * plane alone, against a broker that already runs (`mesh broker config` prints what that broker needs).
+ * the data dir, 127.0.0.1) as a supervised child, and the control plane in this process; with `--broker`, the
+ * control plane on a broker that runs already (RabbitMQ, say). `mesh serve`: the control plane alone, against a
+ * broker that already runs (`mesh broker config` prints what a nats-server needs).
  */
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Command } from "commander";
 import type { EmbeddedServer } from "../bus/index.js";
-import { freePort, openIdentities, portIsFree, startNatsServer } from "../bus/index.js";
+import {
+  brokerKindOf,
+  freePort,
+  openNatsIdentities,
+  parseAmqpUrl,
+  portIsFree,
+  rabbitmqApiOf,
+  startNatsServer,
+} from "../bus/index.js";
 import { brokerConfigFragment } from "../bus/index.js";
 import type { BrokerRecord } from "../control/broker-record.js";
 import { readBrokerRecord, writeBrokerRecord } from "../control/broker-record.js";
 import { currentRevocations } from "../control/revocations.js";
 import { serve } from "../control/serve.js";
+import type { MeshOptions } from "../config/options.js";
 import { recordRunningSettings } from "../config/options.js";
 import { MeshError, UsageError } from "../errors.js";
 import { createLogger, errorText } from "../log.js";
@@ -22,20 +32,57 @@ import { optionsFrom, withStore } from "./context.js";
 const host = "127.0.0.1";
 const defaultNatsPort = 4222;
 const metricsFlag = "--metrics <host:port>";
+const rabbitmqApiFlag = "--rabbitmq-api <url>";
+const rabbitmqApiHelp =
+  "RabbitMQ's management API, http://user:pass@host:15672 (default: the broker URL's credentials on port 15672)";
 const metricsHelp =
   "serve Prometheus metrics at http://HOST:PORT/metrics (or off; default off, MESH_METRICS)";
+
+/** The control plane on a broker that runs already; the broker is recorded for every later command. */
+async function serveOn(options: MeshOptions, url: string): Promise<void> {
+  brokerKindOf(url);
+  mkdirSync(options.dataDir, { recursive: true, mode: 0o700 });
+  recordRunningSettings(options);
+  const broker = { url, rabbitmqApi: options.rabbitmqApi };
+  if (brokerKindOf(url) === "amqp") rabbitmqApiOf(broker);
+  const recorded = readBrokerRecord(options.dataDir);
+  if (recorded?.url !== url || recorded.rabbitmq_api !== options.rabbitmqApi) {
+    writeBrokerRecord(options.dataDir, {
+      url,
+      ...(options.rabbitmqApi === undefined ? {} : { rabbitmq_api: options.rabbitmqApi }),
+    });
+  }
+  const log = createLogger({});
+  const plane = await serve({ options, broker, log });
+  if (brokerKindOf(url) === "amqp") {
+    process.stdout.write(
+      `The mesh is up.\n  broker  ${parseAmqpUrl(url).url} (RabbitMQ)\n  data    ${options.dataDir}\n\n` +
+        `Let a machine in:  npx mesh token issue <node-name>\n`,
+    );
+  }
+  await runUntilStopped(log, plane, new Promise<never>(() => undefined), () => Promise.resolve());
+}
 
 export function registerServeCommands(program: Command): void {
   program
     .command("up")
-    .description("run a whole mesh locally: its own nats-server and the control plane")
+    .description(
+      "run a whole mesh locally: its own nats-server and the control plane (or the control plane on --broker)",
+    )
     .option(
       "--nats-port <port>",
       "the broker's port (0: any free port; default 4222 if free on the first run)",
     )
+    .option("--broker <url>", "run on this broker instead of an own nats-server: nats://… or amqp://…")
+    .option(rabbitmqApiFlag, rabbitmqApiHelp)
     .option(metricsFlag, metricsHelp)
-    .action(async (flags: { natsPort?: string }, command: Command) => {
+    .action(async (flags: { natsPort?: string; broker?: string }, command: Command) => {
       const options = optionsFrom(command.optsWithGlobals<GlobalFlags>());
+      if (flags.broker !== undefined) {
+        if (flags.natsPort !== undefined) throw new UsageError("--nats-port and --broker exclude each other");
+        await serveOn(options, flags.broker);
+        return;
+      }
       const wanted = flags.natsPort === undefined ? undefined : parsePort(flags.natsPort);
       const embedded = await choosePort(options.dataDir, wanted);
       mkdirSync(options.dataDir, { recursive: true, mode: 0o700 });
@@ -44,13 +91,13 @@ export function registerServeCommands(program: Command): void {
       const url = `nats://${embedded.host}:${embedded.port}`;
       writeBrokerRecord(options.dataDir, { url, embedded: { host: embedded.host, port: embedded.port } });
 
-      const identities = openIdentities(options.dataDir, url, embedded);
+      const identities = openNatsIdentities(options.dataDir, url, embedded);
       const revoked = await withStore(options, (store) => currentRevocations(store, new Date()));
       const config = await identities.writeServerConfig(revoked);
       const server = await startNatsServer(config, embedded, join(embedded.dir, "nats-server.log"));
       let plane;
       try {
-        plane = await serve({ options, brokerUrl: url, embedded, log });
+        plane = await serve({ options, broker: { url, embedded }, log });
       } catch (error) {
         await server.stop();
         throw error;
@@ -65,17 +112,11 @@ export function registerServeCommands(program: Command): void {
   program
     .command("serve")
     .description("run the control plane against a broker that already runs")
-    .requiredOption("--broker <url>", "the broker, e.g. nats://127.0.0.1:4222")
+    .requiredOption("--broker <url>", "the broker: nats://127.0.0.1:4222 or amqp://127.0.0.1:5672/VHOST")
+    .option(rabbitmqApiFlag, rabbitmqApiHelp)
     .option(metricsFlag, metricsHelp)
     .action(async (flags: { broker: string }, command: Command) => {
-      const options = optionsFrom(command.optsWithGlobals<GlobalFlags>());
-      mkdirSync(options.dataDir, { recursive: true, mode: 0o700 });
-      recordRunningSettings(options);
-      const recorded = readBrokerRecord(options.dataDir);
-      if (recorded?.url !== flags.broker) writeBrokerRecord(options.dataDir, { url: flags.broker });
-      const log = createLogger({});
-      const plane = await serve({ options, brokerUrl: flags.broker, log });
-      await runUntilStopped(log, plane, new Promise<never>(() => undefined), () => Promise.resolve());
+      await serveOn(optionsFrom(command.optsWithGlobals<GlobalFlags>()), flags.broker);
     });
 
   const broker = program.command("broker").description("the broker the mesh runs on");

@@ -24,6 +24,8 @@ export interface MeshOptions {
   lease: { renewEveryMs: number; ttlMs: number; marginMs: number };
   /** Where `mesh serve` serves Prometheus metrics, or undefined when it does not. */
   metrics: { host: string; port: number } | undefined;
+  /** RabbitMQ's management API (`http://user:pass@host:15672`), when set; otherwise the broker record's. */
+  rabbitmqApi: string | undefined;
 }
 
 /** What may be set, by its name in mesh.yaml; the environment variable is MESH_ + the name in capitals. */
@@ -37,6 +39,8 @@ export interface MeshSettings {
   lease_margin?: string | undefined;
   /** `HOST:PORT` for `/metrics`, or `off`. */
   metrics?: string | undefined;
+  /** RabbitMQ's management API, `http://user:pass@host:15672`. */
+  rabbitmq_api?: string | undefined;
 }
 
 const defaults = {
@@ -58,6 +62,7 @@ const settingNames = [
   "lease_ttl",
   "lease_margin",
   "metrics",
+  "rabbitmq_api",
 ] as const;
 
 const fileSchema = z.strictObject({
@@ -69,6 +74,7 @@ const fileSchema = z.strictObject({
   lease_ttl: z.string().min(1).optional(),
   lease_margin: z.string().min(1).optional(),
   metrics: z.string().min(1).optional(),
+  rabbitmq_api: z.string().min(1).optional(),
 });
 
 export interface CompileInput {
@@ -106,6 +112,7 @@ export function compileMeshOptions(input: CompileInput): MeshOptions {
     historyLimit: history === undefined ? defaults.historyLimit : parseCount(history, historySource),
     lease: compileLease(pick("lease_renew_every"), pick("lease_ttl"), pick("lease_margin")),
     metrics: metrics === undefined ? undefined : parseListen(metrics, metricsSource),
+    rabbitmqApi: pick("rabbitmq_api")[0],
   };
 }
 

@@ -11,6 +11,8 @@ const recordSchema = z.strictObject({
   url: z.string().min(1),
   /** Set when the mesh runs this broker itself (`mesh up`). */
   embedded: z.strictObject({ host: z.string().min(1), port: z.int().min(1).max(65_535) }).optional(),
+  /** RabbitMQ: the management API accounts are made through (it holds an administrator's password). */
+  rabbitmq_api: z.string().min(1).optional(),
 });
 
 export type BrokerRecord = z.infer<typeof recordSchema>;
@@ -36,6 +38,7 @@ export function readBrokerRecord(dataDir: string): BrokerRecord | undefined {
 
 export function writeBrokerRecord(dataDir: string, record: BrokerRecord): void {
   const path = join(dataDir, fileName);
-  writeFileSync(`${path}.tmp`, `${JSON.stringify(recordSchema.parse(record), null, 2)}\n`);
+  // Mode 0600: a RabbitMQ record holds an administrator's password.
+  writeFileSync(`${path}.tmp`, `${JSON.stringify(recordSchema.parse(record), null, 2)}\n`, { mode: 0o600 });
   renameSync(`${path}.tmp`, path);
 }

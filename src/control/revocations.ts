@@ -4,6 +4,7 @@
  * the identity of every retired node, and every identity a node had before it enrolled again.
  */
 import type { Store } from "../store/index.js";
+import { tokenStatus } from "../store/index.js";
 
 export async function currentRevocations(store: Store, now: Date): Promise<Map<string, Date>> {
   const revoked = new Map<string, Date>();
@@ -30,4 +31,20 @@ export function brokerUserOf(credential: string): string {
   if (typeof parsed.user !== "string")
     throw new Error(`a token's broker credential names no user: ${credential}`);
   return parsed.user;
+}
+
+/** The broker users of tokens that may still be spent: every other token account can go. */
+export async function validTokenUsers(store: Store, now: Date): Promise<Set<string>> {
+  const valid = new Set<string>();
+  for (const token of await store.tokens.list()) {
+    if (token.brokerCredential !== null && tokenStatus(token, now) === "valid") {
+      valid.add(brokerUserOf(token.brokerCredential));
+    }
+  }
+  return valid;
+}
+
+/** Nodes that were retired: what the broker kept for them (a RabbitMQ queue) goes. */
+export async function retiredNodes(store: Store): Promise<string[]> {
+  return (await store.nodes.list()).filter((node) => node.state === "retired").map((node) => node.name);
 }

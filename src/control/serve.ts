@@ -6,7 +6,7 @@
 import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
 import { join } from "node:path";
-import type { EmbeddedServer } from "../bus/index.js";
+import type { BrokerAccess } from "../bus/index.js";
 import { openControlSide } from "../bus/index.js";
 import type { MeshOptions } from "../config/options.js";
 import { MeshError } from "../errors.js";
@@ -21,12 +21,11 @@ import { answerEnrolment } from "./enrolment.js";
 import { Ingest } from "./ingest.js";
 import { LivenessWatch } from "./liveness-watch.js";
 import { Metrics } from "./metrics.js";
-import { currentRevocations } from "./revocations.js";
+import { currentRevocations, retiredNodes, validTokenUsers } from "./revocations.js";
 
 export interface ServeSettings {
   options: MeshOptions;
-  brokerUrl: string;
-  embedded?: EmbeddedServer;
+  broker: BrokerAccess;
   log: Logger;
   /** How often batched `last_seen` times are written. */
   flushEveryMs?: number;
@@ -47,14 +46,13 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
   const signing = loadOrCreateSigningKey(join(options.dataDir, "keys"));
   const store = await openStore(options.storeUrl, { historyLimit: options.historyLimit });
   // Nothing may stay open behind a control plane that did not start: the process must be able to end.
-  const side = await openControlSide(options.dataDir, settings.brokerUrl, log, {
-    ...(settings.embedded === undefined ? {} : { embedded: settings.embedded }),
-    longLived: true,
-  }).catch(async (error: unknown) => {
-    await store.close();
-    throw error;
-  });
-  const backend = await side.lease(options.lease.ttlMs);
+  const side = await openControlSide(options.dataDir, settings.broker, log, { longLived: true }).catch(
+    async (error: unknown) => {
+      await store.close();
+      throw error;
+    },
+  );
+  const backend = await side.lease(options.lease.ttlMs, store);
   const me = { id: randomUUID(), host: hostname(), pid: process.pid, taken_at: now().toISOString() };
   const holder = new LeaseHolder({ backend, epochs: store.epochs, timings: options.lease, holder: me, log });
 
@@ -216,7 +214,16 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
     await side.bus.assert();
     // The broker may have started from an older preload (it is not always ours to rewrite): bring its
     // revocations up to date now and after every reconnection.
-    const syncRevocations = async () => side.identities.revoke(await currentRevocations(store, now()));
+    const syncRevocations = async () => {
+      await side.identities.revoke(await currentRevocations(store, now()));
+      for (const node of await retiredNodes(store)) await side.identities.forget(node);
+    };
+    // Token accounts that can no longer be spent (spent, revoked, expired) are deleted, now and every minute.
+    const sweepTokens = async () => {
+      const swept = await side.identities.sweepTokens(await validTokenUsers(store, now()));
+      if (swept > 0) log.info("tokens.swept", { accounts_deleted: swept });
+    };
+    await sweepTokens();
     await syncRevocations();
     side.bus.onReconnect(() => {
       syncRevocations().then(
@@ -258,6 +265,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       }, everyMs);
     timers.push(
       repeat("last_seen.flush", settings.flushEveryMs ?? 1000, () => running.flush()),
+      repeat("tokens.sweep", 60_000, sweepTokens),
       // Checked often enough that a crossing is seen within a quarter of the threshold (at most every 5 s).
       repeat(
         "liveness.check",
@@ -275,7 +283,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
     });
     log.info("control.serving", {
       epoch: holder.epoch ?? null,
-      broker: settings.brokerUrl,
+      broker: side.identities.url,
       store: options.storeUrl.replace(/:[^:@/]*@/, ":***@"),
     });
     const ended = await Promise.race([

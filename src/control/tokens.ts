@@ -43,7 +43,12 @@ export async function issueToken(store: Store, request: IssueRequest): Promise<I
   });
   // The token's own broker identity: it may publish only this node's enrol and read only its replies, and the
   // broker refuses it once the token expires.
-  const minted = await request.broker?.forToken({ id, node: request.node, expiresAt: new Date(expiresAt) });
+  const minted = await request.broker?.forToken({
+    id,
+    node: request.node,
+    secret,
+    expiresAt: new Date(expiresAt),
+  });
   if (minted !== undefined) await store.tokens.setBrokerCredential(id, JSON.stringify({ user: minted.user }));
   await store.events.record({
     at: request.now.toISOString(),

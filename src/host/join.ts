@@ -65,7 +65,7 @@ export async function join(request: JoinRequest): Promise<HostIdentity> {
 
   let answer: Uint8Array;
   try {
-    const bus = await openEnrolmentSide(token.broker.url, token.node, token.broker.credential);
+    const bus = await openEnrolmentSide(token.broker.url, token.node, token.broker.credential, token.secret);
     try {
       answer = await bus.ask(enrol, request.timeoutMs);
     } finally {

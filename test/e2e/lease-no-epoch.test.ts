@@ -9,7 +9,7 @@ import { after, before, describe, test } from "node:test";
 import { connect, jwtAuthenticator } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { freePort, openIdentities } from "../../src/bus/index.js";
+import { freePort, openNatsIdentities } from "../../src/bus/index.js";
 import { leaseBucket } from "../../src/bus/nats/lease-kv.js";
 import { mesh, meshHost } from "../support/cli.js";
 import type { OperatorBroker } from "../support/operator-broker.js";
@@ -29,7 +29,7 @@ describe("a lease that cannot be written", () => {
   before(async () => {
     server = await startOperatorBroker(data, dir.path);
     // Seal the lease bucket as the control plane would find it: present, readable, refusing every write.
-    const identities = openIdentities(data, server.url);
+    const identities = openNatsIdentities(data, server.url);
     const control = await identities.controlIdentity();
     const nc = await connect({
       servers: server.url,

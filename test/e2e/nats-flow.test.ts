@@ -7,7 +7,7 @@ import { mkdirSync, readFileSync, writeFileSync, existsSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { connect, jwtAuthenticator } from "@nats-io/transport-node";
-import { openIdentities } from "../../src/bus/index.js";
+import { openNatsIdentities } from "../../src/bus/index.js";
 import { TokenRefused } from "../../src/errors.js";
 import { loadOrCreateSigningKey, sealDeclaration } from "../../src/keys/index.js";
 import {
@@ -282,7 +282,7 @@ describe("the mesh end to end over NATS", () => {
       ],
     ];
 
-    const record = openIdentities(data, brokerUrl);
+    const record = openNatsIdentities(data, brokerUrl);
     const identity = await record.controlIdentity();
     const nc = await connect({
       servers: brokerUrl,

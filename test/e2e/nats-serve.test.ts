@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { connect, headers, jwtAuthenticator } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { openIdentities } from "../../src/bus/index.js";
+import { openNatsIdentities } from "../../src/bus/index.js";
 import { decodeToken } from "../../src/link/index.js";
 import { mesh, meshHost } from "../support/cli.js";
 import type { OperatorBroker } from "../support/operator-broker.js";
@@ -76,7 +76,7 @@ describe("mesh serve with an operator's nats-server", () => {
     assert.equal(readFileSync(join(root, "etc", "edge"), "utf8"), "offline");
     assert.equal((await show()).account, null, "nothing is kept while no control plane runs");
     // Meanwhile the agent said alive every 300 ms; the broker keeps only the newest one per node.
-    const identities = openIdentities(data, url);
+    const identities = openNatsIdentities(data, url);
     const control = await identities.controlIdentity();
     const nc = await connect({
       servers: url,
@@ -247,7 +247,7 @@ describe("mesh serve with an operator's nats-server", () => {
       servers: url,
       authenticator: jwtAuthenticator(identity.broker.credential.jwt, new TextEncoder().encode(seed)),
     });
-    const identities = openIdentities(data, url);
+    const identities = openNatsIdentities(data, url);
     const control = await identities.controlIdentity();
     const admin = await connect({
       servers: url,

@@ -39,6 +39,7 @@ test("config — defaults when nothing is set", () => {
     historyLimit: 50,
     lease: { renewEveryMs: 5000, ttlMs: 15_000, marginMs: 3000 },
     metrics: undefined,
+    rabbitmqApi: undefined,
   });
 });
 

@@ -40,6 +40,7 @@ export class NatsBrokerIdentities implements BrokerIdentities {
   async forToken(token: {
     id: string;
     node: string;
+    secret: string;
     expiresAt: Date;
   }): Promise<{ user: string; credential: TokenCredential }> {
     const key = newUserKey();
@@ -65,6 +66,16 @@ export class NatsBrokerIdentities implements BrokerIdentities {
     }
     const jwt = await userJwt(this.authority, { name: node, userPublicKey: nodeUser, role: "node", node });
     return { user: nodeUser, credential: { type: "nats", jwt } };
+  }
+
+  /** A token's JWT expires with the token: the server itself refuses it from then on, nothing to sweep. */
+  async sweepTokens(): Promise<number> {
+    return Promise.resolve(0);
+  }
+
+  /** Nothing on NATS belongs to one node but its subjects, which need no removing. */
+  async forget(): Promise<void> {
+    await Promise.resolve();
   }
 
   /** The control plane's own identity: a fresh user key each start, so no seed of it is ever stored. */

@@ -1,0 +1,217 @@
+/**
+ * The control plane on RabbitMQ. Nodes publish to the durable topic exchange `mesh`; the durable queue `control`,
+ * bound for enrol, report and alive, is consumed by one consumer at a time (single active consumer: a second one
+ * waits as the broker's standby and never splits the traffic). Declarations and receipts go straight to a node's
+ * own queue through the default exchange. Every node message carries `user_id`, which the broker has checked
+ * against the connection, so the node a message comes from is the one its user names.
+ */
+import type { Channel, ChannelModel, ConsumeMessage } from "amqplib";
+import {
+  controlQueue,
+  controlQueueKinds,
+  controlRoutingKey,
+  defaultExchange,
+  eventRoutingKey,
+  meshExchange,
+  nodeQueue,
+} from "../../link/index.js";
+import type { Logger } from "../../log.js";
+import { errorText } from "../../log.js";
+import type { ControlBus, ControlDelivery, DeliveryOutcome, EnrolAnswer, EnrolRequest } from "../bus.js";
+import type { AmqpLink } from "./link.js";
+import { PublishChannel } from "./link.js";
+import { readUser } from "./users.js";
+
+/** Direct reply-to: the only place an enrolment is ever answered. */
+const directReplyTo = "amq.rabbitmq.reply-to";
+/** Messages handed to the control plane before it acknowledges any: enough to keep it busy, few to redeliver. */
+const controlPrefetch = 256;
+/** How long a message the handler gave back waits before the broker offers it again. */
+const retryAfterMs = 1000;
+
+export class AmqpControlBus implements ControlBus {
+  private readonly publisher: PublishChannel;
+  private answer: ((request: EnrolRequest) => Promise<EnrolAnswer>) | undefined;
+  private consumer: { channel: Channel; tag: string } | undefined;
+  private stopConsuming: () => void = () => undefined;
+  private closing = false;
+  /** Messages are handled one at a time, in the order they arrive. */
+  private queue: Promise<void> = Promise.resolve();
+
+  constructor(
+    private readonly link: AmqpLink,
+    private readonly log: Logger,
+  ) {
+    this.publisher = new PublishChannel(link);
+  }
+
+  async assert(): Promise<void> {
+    // Done again on every connection: a broker that lost them (a new node, a reset) gets them back.
+    await this.link.onEveryConnection(async (connection) => {
+      const channel = await connection.createChannel();
+      await channel.assertExchange(meshExchange, "topic", { durable: true });
+      await channel.assertQueue(controlQueue, {
+        durable: true,
+        arguments: { "x-single-active-consumer": true },
+      });
+      for (const kind of controlQueueKinds)
+        await channel.bindQueue(controlQueue, meshExchange, controlRoutingKey(kind));
+      await channel.close();
+    });
+  }
+
+  async answerEnrolments(answer: (request: EnrolRequest) => Promise<EnrolAnswer>): Promise<void> {
+    // Enrolments arrive on the control queue with the rest; they are answered as they come off it.
+    this.answer = answer;
+    await Promise.resolve();
+  }
+
+  async consumeControl(handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>): Promise<void> {
+    const stopped = new Promise<void>((resolve) => (this.stopConsuming = resolve));
+    await this.link.onEveryConnection((connection) => this.startConsumer(connection, handle));
+    await stopped;
+    await this.queue;
+  }
+
+  private async startConsumer(
+    connection: ChannelModel,
+    handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>,
+  ): Promise<void> {
+    if (this.closing) return;
+    const channel = await connection.createChannel();
+    channel.on("error", (error: Error) =>
+      this.log.warn("control.channel_error", { error: errorText(error) }),
+    );
+    await channel.prefetch(controlPrefetch);
+    const { consumerTag } = await channel.consume(
+      controlQueue,
+      (message) => {
+        if (message === null) {
+          // The broker cancelled the consumer (the queue was deleted): it is made again on the next connection.
+          this.log.error("control.consumer_cancelled", { queue: controlQueue });
+          return;
+        }
+        this.queue = this.queue.then(() => this.deliver(channel, message, handle));
+      },
+      { noAck: false },
+    );
+    this.consumer = { channel, tag: consumerTag };
+  }
+
+  private async deliver(
+    channel: Channel,
+    message: ConsumeMessage,
+    handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>,
+  ): Promise<void> {
+    let outcome: DeliveryOutcome;
+    try {
+      outcome =
+        message.fields.routingKey === controlRoutingKey("enrol")
+          ? await this.enrol(message)
+          : await handle(this.delivery(message));
+    } catch (error) {
+      this.log.error("control.handler_failed", { error: errorText(error) });
+      outcome = "retry";
+    }
+    this.settle(channel, message, outcome);
+  }
+
+  private delivery(message: ConsumeMessage): ControlDelivery {
+    const user = readUser(message.properties.userId as string | undefined);
+    const now = Date.now();
+    // The publisher's timestamp (seconds) can only make a node look older than it is, never younger.
+    const stamped =
+      typeof message.properties.timestamp === "number" ? message.properties.timestamp * 1000 : now;
+    return {
+      kind: message.fields.routingKey === controlRoutingKey("alive") ? "alive" : "report",
+      // Only a node's own account speaks for it; a message without a node account's user_id names no node.
+      node: user?.role === "node" ? user.node : undefined,
+      body: message.content,
+      redelivered: message.fields.redelivered,
+      receivedAt: new Date(Math.min(now, stamped)),
+    };
+  }
+
+  private async enrol(message: ConsumeMessage): Promise<DeliveryOutcome> {
+    const user = readUser(message.properties.userId as string | undefined);
+    const replyTo = message.properties.replyTo as string | undefined;
+    if (user?.role !== "token") {
+      this.log.warn("enrol.not_from_a_token", { user: message.properties.userId ?? null });
+      return "done";
+    }
+    // Answering where the requester chose freely would lend it the control plane's rights (a node's queue, say).
+    if (replyTo === undefined || !replyTo.startsWith(`${directReplyTo}.`)) {
+      this.log.warn("enrol.foreign_reply_to", { node: user.node, reply_to: replyTo ?? null });
+      return "done";
+    }
+    if (this.answer === undefined) return "retry";
+    const { reply, afterReply } = await this.answer({ node: user.node, body: message.content });
+    await this.publisher.publish(defaultExchange, replyTo, reply, {
+      correlationId: message.properties.correlationId as string | undefined,
+    });
+    await afterReply?.();
+    return "done";
+  }
+
+  private settle(channel: Channel, message: ConsumeMessage, outcome: DeliveryOutcome): void {
+    try {
+      if (outcome === "done") {
+        channel.ack(message);
+        return;
+      }
+      setTimeout(() => {
+        try {
+          channel.nack(message, false, true);
+        } catch (error) {
+          // The channel closed meanwhile: the broker offers the message again anyway.
+          this.log.info("control.retry_on_closed_channel", { error: errorText(error) });
+        }
+      }, retryAfterMs);
+    } catch (error) {
+      // The channel closed with its connection: the broker redelivers the message, and a repeat is harmless.
+      this.log.warn("control.ack_lost", { error: errorText(error) });
+    }
+  }
+
+  async publishDeclaration(node: string, envelope: Uint8Array): Promise<void> {
+    await this.toNode(node, "declaration", envelope);
+  }
+
+  async publishReceipt(node: string, receipt: Uint8Array): Promise<void> {
+    await this.toNode(node, "receipt", receipt);
+  }
+
+  private async toNode(node: string, type: "declaration" | "receipt", body: Uint8Array): Promise<void> {
+    await this.publisher.publish(defaultExchange, nodeQueue(node), body, {
+      persistent: true,
+      type,
+      contentType: "application/json",
+    });
+  }
+
+  async publishEvent(kind: string, body: Uint8Array): Promise<void> {
+    await this.publisher.publish(meshExchange, eventRoutingKey(kind), body, {
+      persistent: false,
+      contentType: "application/json",
+    });
+  }
+
+  onReconnect(listener: () => void): void {
+    this.link.onReconnect(listener);
+  }
+
+  async close(): Promise<void> {
+    this.closing = true;
+    const consumer = this.consumer;
+    this.consumer = undefined;
+    if (consumer !== undefined) {
+      await consumer.channel.cancel(consumer.tag).catch((error: unknown) => {
+        this.log.info("control.cancel_on_closed_channel", { error: errorText(error) });
+      });
+    }
+    this.stopConsuming();
+    await this.queue;
+    await this.publisher.close();
+    await this.link.close();
+  }
+}

@@ -1,0 +1,98 @@
+/**
+ * Broker identities on RabbitMQ: accounts made through the management API with permissions compiled from the
+ * writers table. A token's account has the token's secret as its password; a node's account gets a fresh password
+ * at each enrolment; the control plane's password is kept in the data dir. Revoking deletes the account, which
+ * also closes its connections.
+ */
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { readPrivateFile, writePrivateFile } from "../../keys/index.js";
+import { nodeQueue, rabbitPermissions } from "../../link/index.js";
+import type { BrokerIdentities, NodeCredential, TokenCredential } from "../bus.js";
+import type { AmqpAddress } from "./link.js";
+import type { RabbitManagement } from "./management.js";
+import { controlUser, isTokenUser, nodeUser, tokenUser } from "./users.js";
+
+export class AmqpBrokerIdentities implements BrokerIdentities {
+  constructor(
+    private readonly management: RabbitManagement,
+    private readonly address: AmqpAddress,
+    /** Where the control plane's password is kept (the data dir's `rabbitmq/`). */
+    private readonly dir: string,
+  ) {}
+
+  /** What nodes are told: the broker's address without anyone's credentials. */
+  get url(): string {
+    return this.address.url;
+  }
+
+  get vhost(): string {
+    return this.address.vhost;
+  }
+
+  async forToken(token: {
+    id: string;
+    node: string;
+    secret: string;
+    expiresAt: Date;
+  }): Promise<{ user: string; credential: TokenCredential }> {
+    const user = tokenUser(token.node, token.id);
+    await this.management.putUser(user, token.secret);
+    await this.management.setPermissions(this.vhost, user, rabbitPermissions("token", token.node));
+    return { user, credential: { type: "amqp", username: user } };
+  }
+
+  async forNode(node: string): Promise<{ user: string; credential: NodeCredential }> {
+    const user = nodeUser(node, randomBytes(6).toString("hex"));
+    const password = randomBytes(32).toString("base64url");
+    // The queue first: the node may read it the moment its account exists.
+    await this.management.putQueue(this.vhost, nodeQueue(node));
+    await this.management.putUser(user, password);
+    await this.management.setPermissions(this.vhost, user, rabbitPermissions("node", node));
+    return { user, credential: { type: "amqp", username: user, password } };
+  }
+
+  /** Deletes every listed account that still exists; deleting closes its connections at once. */
+  async revoke(revoked: ReadonlyMap<string, Date>): Promise<void> {
+    if (revoked.size === 0) return;
+    for (const user of await this.management.users()) {
+      if (revoked.has(user)) await this.management.deleteUser(user);
+    }
+  }
+
+  /** Deletes the account of every token not in `valid` (spent, revoked or expired). Returns how many. */
+  async sweepTokens(valid: ReadonlySet<string>): Promise<number> {
+    let swept = 0;
+    for (const user of await this.management.users()) {
+      if (isTokenUser(user) && !valid.has(user) && (await this.management.deleteUser(user))) swept += 1;
+    }
+    return swept;
+  }
+
+  /** A retired node's queue goes with it. */
+  async forget(node: string): Promise<void> {
+    await this.management.deleteQueue(this.vhost, nodeQueue(node));
+  }
+
+  /**
+   * The control plane's own account, made (with the vhost) or brought up to date from the writers table. Its
+   * password is made once and kept, so every controller sharing the data dir's keys logs in as the same account.
+   */
+  async controlCredential(): Promise<{ username: string; password: string }> {
+    const file = join(this.dir, "control.password");
+    if (!existsSync(file)) {
+      mkdirSync(this.dir, { recursive: true, mode: 0o700 });
+      writePrivateFile(file, randomBytes(32).toString("base64url"));
+    }
+    const password = readPrivateFile(file).trim();
+    await this.management.ensureVhost(this.vhost);
+    await this.management.putUser(controlUser, password);
+    await this.management.setPermissions(this.vhost, controlUser, rabbitPermissions("control"));
+    return { username: controlUser, password };
+  }
+
+  async close(): Promise<void> {
+    await Promise.resolve();
+  }
+}

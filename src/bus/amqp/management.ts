@@ -1,0 +1,149 @@
+/**
+ * The RabbitMQ management HTTP API, for what AMQP itself cannot do: users, their permissions on the mesh's vhost,
+ * and the vhost. Every failure names the call and what the broker answered.
+ */
+import { BusError } from "../errors.js";
+import type { RabbitPermissions } from "../../link/index.js";
+
+export class RabbitManagement {
+  private readonly base: string;
+  private readonly authorization: string;
+  /** The API's address without its password, for messages. */
+  readonly shown: string;
+
+  constructor(apiUrl: string) {
+    let url: URL;
+    try {
+      url = new URL(apiUrl);
+    } catch (error) {
+      throw new BusError("usage", `the RabbitMQ management API "${apiUrl}" is not a URL`, { cause: error });
+    }
+    if (url.protocol !== "http:" && url.protocol !== "https:") {
+      throw new BusError("usage", `the RabbitMQ management API must be http(s)://user:pass@host:15672`);
+    }
+    if (url.username === "") {
+      throw new BusError(
+        "usage",
+        `the RabbitMQ management API URL names no user: http://user:pass@${url.host}`,
+      );
+    }
+    this.authorization = `Basic ${Buffer.from(
+      `${decodeURIComponent(url.username)}:${decodeURIComponent(url.password)}`,
+    ).toString("base64")}`;
+    url.username = "";
+    url.password = "";
+    this.base = `${url.origin}${url.pathname.replace(/\/$/, "")}/api`;
+    this.shown = url.origin;
+  }
+
+  async ensureVhost(vhost: string): Promise<void> {
+    await this.call("PUT", `/vhosts/${enc(vhost)}`, {});
+  }
+
+  async deleteVhost(vhost: string): Promise<void> {
+    await this.call("DELETE", `/vhosts/${enc(vhost)}`, undefined, { missingIsFine: true });
+  }
+
+  /** Creates the user or sets its password; no tags, so it cannot use the management API itself. */
+  async putUser(user: string, password: string): Promise<void> {
+    await this.call("PUT", `/users/${enc(user)}`, { password, tags: "" });
+  }
+
+  /** Deletes a user, which also closes its connections. Returns whether there was one. */
+  async deleteUser(user: string): Promise<boolean> {
+    return this.call("DELETE", `/users/${enc(user)}`, undefined, { missingIsFine: true });
+  }
+
+  /** The names of every user on the broker. */
+  async users(): Promise<string[]> {
+    const response = await this.request("GET", "/users?columns=name");
+    const body = (await response.json()) as { name?: unknown }[];
+    return body.flatMap((user) => (typeof user.name === "string" ? [user.name] : []));
+  }
+
+  async setPermissions(vhost: string, user: string, permissions: RabbitPermissions): Promise<void> {
+    const { configure, write, read, topic } = permissions;
+    await this.call("PUT", `/permissions/${enc(vhost)}/${enc(user)}`, { configure, write, read });
+    await this.call("PUT", `/topic-permissions/${enc(vhost)}/${enc(user)}`, topic);
+  }
+
+  async putQueue(vhost: string, queue: string): Promise<void> {
+    await this.call("PUT", `/queues/${enc(vhost)}/${enc(queue)}`, { durable: true, auto_delete: false });
+  }
+
+  async deleteQueue(vhost: string, queue: string): Promise<boolean> {
+    return this.call("DELETE", `/queues/${enc(vhost)}/${enc(queue)}`, undefined, { missingIsFine: true });
+  }
+
+  async queue(
+    vhost: string,
+    queue: string,
+  ): Promise<{ consumers: number; messages: number; active_consumer?: string } | undefined> {
+    const response = await this.request("GET", `/queues/${enc(vhost)}/${enc(queue)}`, undefined, true);
+    if (response.status === 404) return undefined;
+    const body = (await response.json()) as {
+      consumers?: number;
+      messages?: number;
+      single_active_consumer_tag?: string;
+    };
+    return {
+      consumers: body.consumers ?? 0,
+      messages: body.messages ?? 0,
+      ...(body.single_active_consumer_tag === undefined
+        ? {}
+        : { active_consumer: body.single_active_consumer_tag }),
+    };
+  }
+
+  /** The connections of one user: what deleting a user closes. */
+  async connectionsOf(user: string): Promise<number> {
+    const response = await this.request("GET", "/connections?columns=user");
+    const body = (await response.json()) as { user?: string }[];
+    return body.filter((connection) => connection.user === user).length;
+  }
+
+  private async call(
+    method: string,
+    path: string,
+    body: unknown,
+    options: { missingIsFine?: boolean } = {},
+  ): Promise<boolean> {
+    const response = await this.request(method, path, body, options.missingIsFine === true);
+    await response.arrayBuffer();
+    return response.status !== 404;
+  }
+
+  private async request(
+    method: string,
+    path: string,
+    body?: unknown,
+    missingIsFine = false,
+  ): Promise<Response> {
+    let response: Response;
+    try {
+      response = await fetch(`${this.base}${path}`, {
+        method,
+        headers: { authorization: this.authorization, "content-type": "application/json" },
+        ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+        signal: AbortSignal.timeout(10_000),
+      });
+    } catch (error) {
+      throw new BusError(
+        "broker_unreachable",
+        `cannot reach the RabbitMQ management API at ${this.shown}: ${(error as Error).message}` +
+          " (is the rabbitmq_management plugin enabled?)",
+        { cause: error },
+      );
+    }
+    if (response.ok || (missingIsFine && response.status === 404)) return response;
+    const text = (await response.text()).slice(0, 300);
+    throw new BusError(
+      response.status === 401 ? "broker_refused_identity" : "broker",
+      `the RabbitMQ management API refused ${method} ${path.split("?")[0]}: ${response.status} ${text}`,
+    );
+  }
+}
+
+function enc(part: string): string {
+  return encodeURIComponent(part);
+}
