@@ -249,7 +249,9 @@ export class PublishChannel {
         channel.publish(exchange, routingKey, Buffer.from(body), options, (error: unknown) =>
           error === null || error === undefined
             ? resolve()
-            : reject(error instanceof Error ? error : new Error(String(error))),
+            : reject(
+                error instanceof Error ? error : new Error(`publish not confirmed: ${JSON.stringify(error)}`),
+              ),
         );
       });
     } catch (error) {
