@@ -153,7 +153,7 @@ async function openAmqpControlSide(
     reconnect: options.longLived,
     log,
   });
-  const bus = new AmqpControlBus(link, log);
+  const bus = new AmqpControlBus(link, identities.users, log);
   return {
     bus,
     identities,

@@ -20,7 +20,7 @@ import { errorText } from "../../log.js";
 import type { ControlBus, ControlDelivery, DeliveryOutcome, EnrolAnswer, EnrolRequest } from "../bus.js";
 import type { AmqpLink } from "./link.js";
 import { PublishChannel } from "./link.js";
-import { readUser } from "./users.js";
+import type { MeshUsers } from "./users.js";
 
 /** Direct reply-to: the only place an enrolment is ever answered. */
 const directReplyTo = "amq.rabbitmq.reply-to";
@@ -40,6 +40,7 @@ export class AmqpControlBus implements ControlBus {
 
   constructor(
     private readonly link: AmqpLink,
+    private readonly users: MeshUsers,
     private readonly log: Logger,
   ) {
     this.publisher = new PublishChannel(link);
@@ -117,7 +118,7 @@ export class AmqpControlBus implements ControlBus {
   }
 
   private delivery(message: ConsumeMessage): ControlDelivery {
-    const user = readUser(message.properties.userId as string | undefined);
+    const user = this.users.read(message.properties.userId as string | undefined);
     const now = Date.now();
     // The publisher's timestamp (seconds) can only make a node look older than it is, never younger.
     const stamped =
@@ -133,7 +134,7 @@ export class AmqpControlBus implements ControlBus {
   }
 
   private async enrol(message: ConsumeMessage): Promise<DeliveryOutcome> {
-    const user = readUser(message.properties.userId as string | undefined);
+    const user = this.users.read(message.properties.userId as string | undefined);
     const replyTo = message.properties.replyTo as string | undefined;
     if (user?.role !== "token") {
       this.log.warn("enrol.not_from_a_token", { user: message.properties.userId ?? null });

@@ -12,15 +12,19 @@ import { nodeQueue, rabbitPermissions } from "../../link/index.js";
 import type { BrokerIdentities, NodeCredential, TokenCredential } from "../bus.js";
 import type { AmqpAddress } from "./link.js";
 import type { RabbitManagement } from "./management.js";
-import { controlUser, isTokenUser, nodeUser, tokenUser } from "./users.js";
+import { MeshUsers } from "./users.js";
 
 export class AmqpBrokerIdentities implements BrokerIdentities {
+  readonly users: MeshUsers;
+
   constructor(
     private readonly management: RabbitManagement,
     private readonly address: AmqpAddress,
     /** Where the control plane's password is kept (the data dir's `rabbitmq/`). */
     private readonly dir: string,
-  ) {}
+  ) {
+    this.users = new MeshUsers(address.vhost);
+  }
 
   /** What nodes are told: the broker's address without anyone's credentials. */
   get url(): string {
@@ -37,14 +41,14 @@ export class AmqpBrokerIdentities implements BrokerIdentities {
     secret: string;
     expiresAt: Date;
   }): Promise<{ user: string; credential: TokenCredential }> {
-    const user = tokenUser(token.node, token.id);
+    const user = this.users.token(token.node, token.id);
     await this.management.putUser(user, token.secret);
     await this.management.setPermissions(this.vhost, user, rabbitPermissions("token", token.node));
     return { user, credential: { type: "amqp", username: user } };
   }
 
   async forNode(node: string): Promise<{ user: string; credential: NodeCredential }> {
-    const user = nodeUser(node, randomBytes(6).toString("hex"));
+    const user = this.users.node(node, randomBytes(6).toString("hex"));
     const password = randomBytes(32).toString("base64url");
     // The queue first: the node may read it the moment its account exists.
     await this.management.putQueue(this.vhost, nodeQueue(node));
@@ -65,7 +69,8 @@ export class AmqpBrokerIdentities implements BrokerIdentities {
   async sweepTokens(valid: ReadonlySet<string>): Promise<number> {
     let swept = 0;
     for (const user of await this.management.users()) {
-      if (isTokenUser(user) && !valid.has(user) && (await this.management.deleteUser(user))) swept += 1;
+      if (this.users.isToken(user) && !valid.has(user) && (await this.management.deleteUser(user)))
+        swept += 1;
     }
     return swept;
   }
@@ -87,9 +92,9 @@ export class AmqpBrokerIdentities implements BrokerIdentities {
     }
     const password = readPrivateFile(file).trim();
     await this.management.ensureVhost(this.vhost);
-    await this.management.putUser(controlUser, password);
-    await this.management.setPermissions(this.vhost, controlUser, rabbitPermissions("control"));
-    return { username: controlUser, password };
+    await this.management.putUser(this.users.control, password);
+    await this.management.setPermissions(this.vhost, this.users.control, rabbitPermissions("control"));
+    return { username: this.users.control, password };
   }
 
   async close(): Promise<void> {

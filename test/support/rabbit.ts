@@ -1,0 +1,47 @@
+/**
+ * A fresh RabbitMQ vhost per test run on the machine's broker (MESH_TEST_RABBITMQ, default
+ * amqp://guest:guest@127.0.0.1:5672; management API MESH_TEST_RABBITMQ_API, default http://guest:guest@127.0.0.1:15672),
+ * deleted afterwards with every account the mesh made for it.
+ */
+import { randomBytes } from "node:crypto";
+import { RabbitManagement } from "../../src/bus/index.js";
+import { MeshUsers } from "../../src/bus/amqp/users.js";
+
+export const rabbitAdminUrl = process.env.MESH_TEST_RABBITMQ ?? "amqp://guest:guest@127.0.0.1:5672";
+export const rabbitApiUrl = process.env.MESH_TEST_RABBITMQ_API ?? "http://guest:guest@127.0.0.1:15672";
+
+export interface ScratchVhost {
+  vhost: string;
+  /** The broker URL with the administrator's credentials, as an operator gives it to `mesh serve`. */
+  url: string;
+  api: RabbitManagement;
+  users: MeshUsers;
+  drop(): Promise<void>;
+}
+
+export async function scratchVhost(): Promise<ScratchVhost> {
+  const vhost = `mesh_test_${process.pid}_${randomBytes(4).toString("hex")}`;
+  const api = new RabbitManagement(rabbitApiUrl);
+  await api.ensureVhost(vhost);
+  const admin = new URL(rabbitApiUrl);
+  // The administrator may use the vhost too (test observers connect as it).
+  await api.setPermissions(vhost, decodeURIComponent(admin.username), {
+    configure: ".*",
+    write: ".*",
+    read: ".*",
+    topic: { exchange: "mesh", write: ".*", read: ".*" },
+  });
+  const users = new MeshUsers(vhost);
+  return {
+    vhost,
+    url: `${rabbitAdminUrl}/${encodeURIComponent(vhost)}`,
+    api,
+    users,
+    drop: async () => {
+      for (const user of await api.users()) {
+        if (user.startsWith(`${users.prefix}.`)) await api.deleteUser(user);
+      }
+      await api.deleteVhost(vhost);
+    },
+  };
+}
