@@ -15,7 +15,7 @@ import type {
 } from "./bus.js";
 import { loadOrCreateAuthority } from "./nats/authority.js";
 import { connectNats } from "./nats/connect.js";
-import { NatsControlBus } from "./nats/control-bus.js";
+import { defaultControlBusOptions, NatsControlBus } from "./nats/control-bus.js";
 import { NatsKvLease } from "./nats/lease-kv.js";
 import type { LeaseBackend } from "../lease/lease.js";
 import type { Store } from "../store/index.js";
@@ -109,7 +109,7 @@ export async function openControlSide(
   dataDir: string,
   access: BrokerAccess,
   log: Logger,
-  options: { longLived: boolean },
+  options: { longLived: boolean; ackWaitMs?: number },
 ): Promise<ControlSide> {
   if (brokerKindOf(access.url) === "amqp") return openAmqpControlSide(dataDir, access, log, options);
   const identities = openNatsIdentities(dataDir, access.url, access.embedded);
@@ -120,7 +120,11 @@ export async function openControlSide(
     name: "mesh control",
     reconnect: options.longLived,
   });
-  const bus = new NatsControlBus(nc, log);
+  // NATS redelivers what a consumer that died took after the ack wait; RabbitMQ as soon as the channel is gone.
+  const bus = new NatsControlBus(nc, log, {
+    ...defaultControlBusOptions,
+    ...(options.ackWaitMs === undefined ? {} : { ackWaitMs: options.ackWaitMs }),
+  });
   return {
     bus,
     identities,

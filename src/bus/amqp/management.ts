@@ -102,6 +102,22 @@ export class RabbitManagement {
     return body.filter((connection) => connection.user === user).length;
   }
 
+  /** The connections open on a vhost, by name and user. The broker lists a new connection some seconds late. */
+  async connectionsIn(vhost: string): Promise<{ name: string; user: string }[]> {
+    const response = await this.request("GET", `/vhosts/${enc(vhost)}/connections?columns=name,user`);
+    const body = (await response.json()) as { name?: unknown; user?: unknown }[];
+    return body.flatMap((connection) =>
+      typeof connection.name === "string" && typeof connection.user === "string"
+        ? [{ name: connection.name, user: connection.user }]
+        : [],
+    );
+  }
+
+  /** Closes one connection, as a broker restart or a network cut would. */
+  async closeConnection(name: string): Promise<boolean> {
+    return this.call("DELETE", `/connections/${enc(name)}`, undefined, { missingIsFine: true });
+  }
+
   private async call(
     method: string,
     path: string,
