@@ -117,8 +117,8 @@ export interface UserGrant {
   /** The user's public nkey (`U…`). Its seed never needs to be here. */
   userPublicKey: string;
   role: Role;
-  /** The node the identity acts for; required for the token and node roles. */
-  node?: string;
+  /** The node the identity acts for; required for the token and node roles (the lab role: a list of them). */
+  node?: string | readonly string[];
   /** When the broker must stop accepting it (a token's identity expires with the token). */
   expiresAt?: Date;
 }
