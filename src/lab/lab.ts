@@ -8,13 +8,13 @@
 import { join as joinPath } from "node:path";
 import type { BrokerIdentities, NodeBus } from "../bus/index.js";
 import { openNodeSide } from "../bus/index.js";
-import { NatsLabConnection } from "../bus/nats/lab-bus.js";
+import type { LabConnection } from "../bus/lab.js";
+import { openLabConnection } from "../bus/lab.js";
 import { issueToken } from "../control/tokens.js";
 import type { AppliedDeclaration, StateStorage } from "../host/state.js";
 import { diskStorage, HostState, memoryStorage } from "../host/state.js";
 import { Agent } from "../host/agent.js";
 import type { OpenNodeBus } from "../host/agent.js";
-import { FileApplier } from "../host/file-applier.js";
 import { join } from "../host/join.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
@@ -66,7 +66,7 @@ interface LabNode {
 export class Lab {
   readonly names: string[];
   private readonly nodes = new Map<string, LabNode>();
-  private readonly connections: NatsLabConnection[] = [];
+  private readonly connections: LabConnection[] = [];
   private readonly runs: Promise<void>[] = [];
   private readonly stopped: { node: string; error: string }[] = [];
   private joins: JoinOutcome[] = [];
@@ -132,7 +132,7 @@ export class Lab {
       for (let i = 0; i < joined.length; i += this.settings.groupSize) {
         const group = joined.slice(i, i + this.settings.groupSize);
         const url = this.brokerUrlOf(group[0]);
-        const connection = await NatsLabConnection.open(this.settings.dataDir, url, group);
+        const connection = await openLabConnection(this.settings.dataDir, url, group);
         this.connections.push(connection);
         for (const node of group) opens.set(node, () => Promise.resolve(connection.nodeBus(node)));
       }
@@ -232,7 +232,7 @@ export class Lab {
 
   async stop(): Promise<void> {
     this.stopping = true;
-    await Promise.all([...this.nodes.values()].map((node) => node.agent?.stop()));
+    await Promise.all([...this.nodes.values()].map((node) => node.agent?.stop() ?? Promise.resolve()));
     await Promise.all(this.runs);
     await Promise.all(this.connections.map((connection) => connection.close()));
   }

@@ -7,7 +7,6 @@ import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { headers } from "@nats-io/transport-node";
 import { controlSubject, declarationSubject, nodeSubjects, receiptSubject } from "../../link/index.js";
 import type { NodeBus, NodeDelivery } from "../bus.js";
-import { authorityDir } from "../index.js";
 import { loadOrCreateAuthority, newUserKey, userJwt } from "./authority.js";
 import { asBusError, connectNats } from "./connect.js";
 
@@ -18,9 +17,9 @@ export class NatsLabConnection {
     readonly nodes: readonly string[],
   ) {}
 
-  /** Mints the group's identity with the mesh's account key (so it needs the control plane's data dir). */
-  static async open(dataDir: string, url: string, nodes: readonly string[]): Promise<NatsLabConnection> {
-    const authority = loadOrCreateAuthority(authorityDir(dataDir));
+  /** Mints the group's identity with the mesh's account key (kept in `authorityDir`, the control plane's). */
+  static async open(authorityDir: string, url: string, nodes: readonly string[]): Promise<NatsLabConnection> {
+    const authority = loadOrCreateAuthority(authorityDir);
     const key = newUserKey();
     const jwt = await userJwt(authority, {
       name: `lab ${nodes[0] ?? ""} to ${nodes.at(-1) ?? ""}`,
