@@ -45,7 +45,14 @@ export interface AgentSettings {
   applier?: Applier;
   /** Default: the node's own connection, with the credential and seed it received when it joined. */
   openBus?: OpenNodeBus;
+  /** Told what the agent did, as it does it (the lab and the benchmarks time convergence by it). */
+  onEvent?: (event: AgentEvent) => void;
 }
+
+/** A declaration applied, or the control plane's receipt for the report that was pending. */
+export type AgentEvent =
+  | { kind: "applied"; epoch: number; sequence: number }
+  | { kind: "receipt"; report_sequence: number; verdict: "kept" | "refused" };
 
 const openOwnBus: OpenNodeBus = (identity, seed) =>
   openNodeSide(identity.broker.url, identity.node, identity.broker.credential, seed);
@@ -160,6 +167,11 @@ export class Agent {
     const { report_sequence: sequence } = JSON.parse(pending) as { report_sequence?: number };
     if (receipt.node === this.node && receipt.report_sequence === sequence) {
       this.state.removeSecret(pendingReportFile);
+      this.settings.onEvent?.({
+        kind: "receipt",
+        report_sequence: receipt.report_sequence,
+        verdict: receipt.verdict,
+      });
       if (receipt.verdict === "refused") {
         this.settings.log.warn("agent.report_refused", { report_sequence: sequence, reason: receipt.reason });
       }
@@ -240,7 +252,10 @@ export class Agent {
       digest: declaration.digest,
     });
     this.state.saveSecret(heldItemsFile, JSON.stringify(items));
-    this.counters.applied += failed.length === 0 ? 1 : 0;
+    if (failed.length === 0) {
+      this.counters.applied++;
+      this.settings.onEvent?.({ kind: "applied", epoch: declaration.epoch, sequence: declaration.sequence });
+    }
     await this.send(report);
     const where = { sequence: declaration.sequence, epoch: declaration.epoch };
     if (failed.length === 0) this.settings.log.info("agent.applied", where);

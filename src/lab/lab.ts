@@ -14,7 +14,7 @@ import { issueToken } from "../control/tokens.js";
 import type { AppliedDeclaration, StateStorage } from "../host/state.js";
 import { diskStorage, HostState, memoryStorage } from "../host/state.js";
 import { Agent } from "../host/agent.js";
-import type { OpenNodeBus } from "../host/agent.js";
+import type { AgentEvent, OpenNodeBus } from "../host/agent.js";
 import { join } from "../host/join.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
@@ -29,6 +29,8 @@ export interface LabSettings extends LabOptions {
   log: Logger;
   /** Files and state on disk under `<root>/<node>/` instead of in memory. */
   root?: string;
+  /** Told what each node's agent does, as it does it. */
+  onEvent?: (node: string, event: AgentEvent) => void;
 }
 
 /** What became of one node's join. */
@@ -149,6 +151,9 @@ export class Lab {
         storage: labNode.storage,
         ...(this.settings.root === undefined ? { applier: new MemoryApplier() } : {}),
         openBus: opens.get(node) ?? openOwn,
+        ...(this.settings.onEvent === undefined
+          ? {}
+          : { onEvent: (event: AgentEvent) => this.settings.onEvent?.(node, event) }),
       });
       labNode.agent = agent;
       let ready: () => void = () => undefined;
