@@ -10,7 +10,7 @@ describe("bench arguments and table", () => {
     assert.deepEqual(options.parts, ["enrolment", "steady", "fanout", "convergence", "ingest", "failover"]);
     assert.equal(options.failover.shortened, true);
     assert.equal(options.failover.trials, 3);
-    assert.equal(options.joinConcurrency, 1000);
+    assert.equal(options.joinConcurrency, 20);
   });
 
   test("bench args — --only keeps the table's order; failover alone runs its full trials", () => {
