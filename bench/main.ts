@@ -15,6 +15,7 @@ import { connect, jwtAuthenticator } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { openControlSide, openIdentities } from "../src/bus/index.js";
 import { openLabConnection } from "../src/bus/lab.js";
+import { connectNats } from "../src/bus/nats/connect.js";
 import { parseDuration } from "../src/config/duration.js";
 import { compileMeshOptions } from "../src/config/options.js";
 import type { SentDeclaration } from "../src/control/declarations.js";
@@ -151,14 +152,17 @@ async function benchMesh(): Promise<void> {
     await identities.close();
     say(`issued ${N} tokens in ${((performance.now() - started) / 1000).toFixed(1)} s`);
     if (has("enrolment")) {
-      // Baseline: the broker's share of a join — each token's identity connecting and leaving, as many at once.
+      // Baseline: the broker's share of a join — each token's identity connecting (as the mesh connects) and
+      // leaving, as many at once.
       started = performance.now();
       await mapLimit([...tokens.values()], options.joinConcurrency, async (token) => {
         const credential = decodeToken(token).broker?.credential;
         if (credential?.type !== "nats") throw new Error("a token without a NATS identity");
-        const nc = await connect({
-          servers: broker.url,
-          authenticator: jwtAuthenticator(credential.jwt, new TextEncoder().encode(credential.seed)),
+        const nc = await connectNats({
+          url: broker.url,
+          identity: { jwt: credential.jwt, seed: credential.seed },
+          name: "bench connect",
+          reconnect: false,
         });
         await nc.close();
       });
