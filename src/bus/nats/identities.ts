@@ -30,7 +30,6 @@ export interface EmbeddedServer {
 export class NatsBrokerIdentities implements BrokerIdentities {
   private system: NatsConnection | undefined;
   private revoking: Promise<void> = Promise.resolve();
-  private waiting: { revoked: ReadonlyMap<string, Date>; run: Promise<void> } | undefined;
 
   constructor(
     private readonly authority: NatsAuthority,
@@ -82,25 +81,12 @@ export class NatsBrokerIdentities implements BrokerIdentities {
    * would open its own system connection).
    */
   revoke(revoked: ReadonlyMap<string, Date>): Promise<void> {
-    // Callers waiting behind the running push share the next one, with the newest list: every list is the whole
-    // current set, so the newest holds what the ones before it held (many nodes joining at once push once or twice,
-    // not once each).
-    if (this.waiting !== undefined) {
-      this.waiting.revoked = revoked;
-      return this.waiting.run;
-    }
-    const waiting: { revoked: ReadonlyMap<string, Date>; run: Promise<void> } = {
-      revoked,
-      run: Promise.resolve(),
-    };
-    const push = () => {
-      this.waiting = undefined;
-      return this.pushRevocations(waiting.revoked);
-    };
-    waiting.run = this.revoking.then(push, push);
-    this.waiting = waiting;
-    this.revoking = waiting.run;
-    return waiting.run;
+    const run = this.revoking.then(
+      () => this.pushRevocations(revoked),
+      () => this.pushRevocations(revoked),
+    );
+    this.revoking = run;
+    return run;
   }
 
   private async pushRevocations(revoked: ReadonlyMap<string, Date>): Promise<void> {
