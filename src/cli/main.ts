@@ -1,6 +1,7 @@
 /** `mesh`: the control plane and the operator's commands. */
 import { Command } from "commander";
 import { registerDeclareCommand } from "./declare.js";
+import { registerLabCommand } from "./lab.js";
 import { registerLeaseCommands } from "./lease.js";
 import { registerNodeCommands } from "./node.js";
 import { registerServeCommands } from "./up.js";
@@ -20,6 +21,7 @@ export function meshProgram(): Command {
   registerDeclareCommand(program);
   registerServeCommands(program);
   registerLeaseCommands(program);
+  registerLabCommand(program);
   return program;
 }
 

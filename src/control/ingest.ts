@@ -16,7 +16,7 @@ import {
 import type { ReportAccount } from "../link/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
-import type { Store } from "../store/index.js";
+import type { NodeRecord, Store } from "../store/index.js";
 import { resendLatest } from "./declarations.js";
 
 export interface IngestContext {
@@ -26,6 +26,18 @@ export interface IngestContext {
   now: () => Date;
   /** How long to wait before sending a node that says it is behind its latest declaration again. */
   resendAfterMs: number;
+  /**
+   * How long a node's enrolled record and the order of its latest declaration are taken as read, instead of asking
+   * the store for every alive (default 5 s). A node retired meanwhile is refused by the broker at once anyway, and a
+   * node behind a declaration made by another process is sent it at most this much later.
+   */
+  rememberForMs?: number;
+}
+
+/** A value read from the store, and until when it is taken as still true. */
+interface Remembered<T> {
+  value: T;
+  until: number;
 }
 
 export class Ingest {
@@ -33,8 +45,35 @@ export class Ingest {
   private readonly seen = new Map<string, string>();
   private readonly lastRefusalLog = new Map<string, number>();
   private readonly lastResend = new Map<string, number>();
+  private readonly enrolled = new Map<string, Remembered<NodeRecord>>();
+  private readonly latestOrder = new Map<
+    string,
+    Remembered<{ epoch: number; sequence: number } | undefined>
+  >();
 
   constructor(private readonly context: IngestContext) {}
+
+  private remembered<T>(cache: Map<string, Remembered<T>>, node: string): Remembered<T> | undefined {
+    const entry = cache.get(node);
+    if (entry === undefined) return undefined;
+    if (entry.until > this.context.now().getTime()) return entry;
+    cache.delete(node);
+    return undefined;
+  }
+
+  private remember<T>(cache: Map<string, Remembered<T>>, node: string, value: T): void {
+    cache.set(node, { value, until: this.context.now().getTime() + (this.context.rememberForMs ?? 5000) });
+  }
+
+  /** The node's record: remembered for a while once it is enrolled, read afresh otherwise or when `fresh`. */
+  private async nodeRecord(node: string, fresh: boolean): Promise<NodeRecord | undefined> {
+    const known = fresh ? undefined : this.remembered(this.enrolled, node);
+    if (known !== undefined) return known.value;
+    const record = await this.context.store.nodes.get(node);
+    if (record?.state === "enrolled") this.remember(this.enrolled, node, record);
+    else this.enrolled.delete(node);
+    return record;
+  }
 
   async handle(delivery: ControlDelivery): Promise<DeliveryOutcome> {
     try {
@@ -43,7 +82,9 @@ export class Ingest {
         return "done";
       }
       // Only an enrolled node speaks: a retired node's identity may still be known to a broker that restarted.
-      const record = await this.context.store.nodes.get(delivery.node);
+      // Alives, the bulk of the traffic, take a record read a moment ago; a report, which is ordered by when the
+      // node enrolled, always reads it afresh.
+      const record = await this.nodeRecord(delivery.node, delivery.kind === "report");
       if (record?.state !== "enrolled") {
         await this.refuse(
           delivery.node,
@@ -92,7 +133,12 @@ export class Ingest {
   }
 
   private async catchUp(node: string, holds: { epoch: number; sequence: number }): Promise<void> {
-    const latest = await this.context.store.declarations.latest(node);
+    let latest = this.remembered(this.latestOrder, node)?.value;
+    if (this.remembered(this.latestOrder, node) === undefined) {
+      const read = await this.context.store.declarations.latest(node);
+      latest = read === undefined ? undefined : { epoch: read.epoch, sequence: read.sequence };
+      this.remember(this.latestOrder, node, latest);
+    }
     if (latest === undefined) return;
     const behind =
       holds.epoch < latest.epoch || (holds.epoch === latest.epoch && holds.sequence < latest.sequence);

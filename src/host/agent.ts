@@ -19,17 +19,43 @@ import {
 } from "../link/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
+import type { FileItem, ItemResult } from "./file-applier.js";
 import { FileApplier } from "./file-applier.js";
 import { brokerSeedFile } from "./join.js";
-import type { HostIdentity } from "./state.js";
+import type { AppliedDeclaration, HostIdentity, StateStorage } from "./state.js";
 import { HostState } from "./state.js";
+
+/** What applies a declaration's file items and says what became of each. */
+export interface Applier {
+  apply(items: readonly FileItem[]): Promise<ItemResult[]>;
+}
+
+/** Opens the node's side of the broker with its own identity (or, in the lab, a connection shared by lab nodes). */
+export type OpenNodeBus = (identity: HostIdentity, seed: string | undefined) => Promise<NodeBus>;
 
 export interface AgentSettings {
   stateDir: string;
+  /** Where the file applier writes; unused when `applier` is given. */
   root: string;
   aliveEveryMs: number;
   log: Logger;
+  /** Where the state dir's files are kept (default: on disk). */
+  storage?: StateStorage;
+  /** Default: the file applier under `root`, its record in the state dir. */
+  applier?: Applier;
+  /** Default: the node's own connection, with the credential and seed it received when it joined. */
+  openBus?: OpenNodeBus;
+  /** Told what the agent did, as it does it (the lab and the benchmarks time convergence by it). */
+  onEvent?: (event: AgentEvent) => void;
 }
+
+/** A declaration applied, or the control plane's receipt for the report that was pending. */
+export type AgentEvent =
+  | { kind: "applied"; epoch: number; sequence: number }
+  | { kind: "receipt"; report_sequence: number; verdict: "kept" | "refused" };
+
+const openOwnBus: OpenNodeBus = (identity, seed) =>
+  openNodeSide(identity.broker.url, identity.node, identity.broker.credential, seed);
 
 /** The items of the last report, kept so a refusal still says what the machine holds. */
 const heldItemsFile = "held-items.json";
@@ -41,7 +67,7 @@ type ReportFields = Pick<Report, "epoch" | "sequence" | "digest" | "outcome" | "
 export class Agent {
   private readonly state: HostState;
   private readonly identity: HostIdentity;
-  private readonly applier: FileApplier;
+  private readonly applier: Applier;
   private bus: NodeBus | undefined;
   private aliveTimer: NodeJS.Timeout | undefined;
   /** Declarations are handled one at a time, in the order they arrive. */
@@ -49,7 +75,7 @@ export class Agent {
   private stopping = false;
 
   constructor(private readonly settings: AgentSettings) {
-    this.state = new HostState(settings.stateDir);
+    this.state = new HostState(settings.stateDir, settings.storage);
     const identity = this.state.loadIdentity();
     if (identity === undefined) {
       throw new MeshError(
@@ -58,29 +84,44 @@ export class Agent {
       );
     }
     this.identity = identity;
-    this.applier = new FileApplier(settings.root, join(settings.stateDir, "file-applier.json"));
+    this.applier =
+      settings.applier ?? new FileApplier(settings.root, join(settings.stateDir, "file-applier.json"));
   }
+
+  /** What this agent has sent and done since it started: the lab sums these over its nodes. */
+  readonly counters = { alives: 0, reports: 0, applied: 0, refused: 0 };
 
   get node(): string {
     return this.identity.node;
   }
 
-  /** Runs until stopped, or until the broker refuses the node's identity (it was retired). */
-  async run(): Promise<void> {
+  /** The declaration last applied, and whether a report still waits for the control plane's receipt. */
+  status(): { applied: AppliedDeclaration | undefined; reportPending: boolean } {
+    return {
+      applied: this.state.lastApplied(),
+      reportPending: this.state.loadSecret(pendingReportFile) !== undefined,
+    };
+  }
+
+  /**
+   * Runs until stopped, or until the broker refuses the node's identity (it was retired). `onRunning` is called
+   * once the agent is connected, listening and has said alive.
+   */
+  async run(onRunning?: () => void): Promise<void> {
     const seed = this.state.loadSecret(brokerSeedFile);
-    const bus = await openNodeSide(
-      this.identity.broker.url,
-      this.node,
-      this.identity.broker.credential,
-      seed,
-    );
+    const bus = await (this.settings.openBus ?? openOwnBus)(this.identity, seed);
     this.bus = bus;
+    if (this.stopping) {
+      await bus.close();
+      return;
+    }
     const consuming = bus.consumeNode((message) =>
       message.kind === "receipt" ? this.receive(message.body) : this.enqueue(message.body),
     );
     await this.tick();
     this.aliveTimer = setInterval(() => void this.tick(), this.settings.aliveEveryMs);
     this.settings.log.info("agent.running", { node: this.node, broker: this.identity.broker.url });
+    onRunning?.();
     const closed = await bus.closed();
     clearInterval(this.aliveTimer);
     await consuming;
@@ -126,6 +167,11 @@ export class Agent {
     const { report_sequence: sequence } = JSON.parse(pending) as { report_sequence?: number };
     if (receipt.node === this.node && receipt.report_sequence === sequence) {
       this.state.removeSecret(pendingReportFile);
+      this.settings.onEvent?.({
+        kind: "receipt",
+        report_sequence: receipt.report_sequence,
+        verdict: receipt.verdict,
+      });
       if (receipt.verdict === "refused") {
         this.settings.log.warn("agent.report_refused", { report_sequence: sequence, reason: receipt.reason });
       }
@@ -141,6 +187,7 @@ export class Agent {
       sent_at: new Date().toISOString(),
       holds: { epoch: applied?.epoch ?? 0, sequence: applied?.sequence ?? 0 },
     });
+    this.counters.alives++;
     await this.bus
       ?.publishAlive(alive)
       .catch((error: unknown) => this.settings.log.warn("agent.alive_failed", { error: errorText(error) }));
@@ -205,6 +252,10 @@ export class Agent {
       digest: declaration.digest,
     });
     this.state.saveSecret(heldItemsFile, JSON.stringify(items));
+    if (failed.length === 0) {
+      this.counters.applied++;
+      this.settings.onEvent?.({ kind: "applied", epoch: declaration.epoch, sequence: declaration.sequence });
+    }
     await this.send(report);
     const where = { sequence: declaration.sequence, epoch: declaration.epoch };
     if (failed.length === 0) this.settings.log.info("agent.applied", where);
@@ -218,6 +269,7 @@ export class Agent {
   /** A refusal is reported with what the machine still holds, so the recovery copy never loses it. */
   private async refuse(reason: string): Promise<void> {
     this.settings.log.warn("agent.refused", { reason });
+    this.counters.refused++;
     const last = this.state.lastApplied();
     const held = this.state.loadSecret(heldItemsFile);
     const report = this.composeReport({
@@ -254,6 +306,7 @@ export class Agent {
     if (this.stopping) return;
     const { report_sequence: sequence } = JSON.parse(text) as { report_sequence?: number };
     const id = `${this.node}:${sequence ?? "unordered"}`;
+    this.counters.reports++;
     await this.bus
       ?.publishReport(new TextEncoder().encode(text), id)
       .catch((error: unknown) =>

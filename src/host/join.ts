@@ -7,7 +7,7 @@ import { BrokerRefusedIdentity, newUserKey, openEnrolmentSide } from "../bus/ind
 import { MeshError, TokenRefused, UsageError } from "../errors.js";
 import { fingerprint, fingerprintsEqual } from "../keys/index.js";
 import { ContractError, decodeToken, encodeMessage, parseEnrolReply } from "../link/index.js";
-import type { HostIdentity } from "./state.js";
+import type { HostIdentity, StateStorage } from "./state.js";
 import { HostState } from "./state.js";
 import { machineProfile } from "./profile.js";
 import { meshVersion } from "../cli/version.js";
@@ -20,6 +20,8 @@ export interface JoinRequest {
   stateDir: string;
   labels: Record<string, string>;
   timeoutMs: number;
+  /** Where the state dir's files are kept (default: on disk). */
+  storage?: StateStorage;
 }
 
 export async function join(request: JoinRequest): Promise<HostIdentity> {
@@ -36,7 +38,7 @@ export async function join(request: JoinRequest): Promise<HostIdentity> {
       "this token names no broker: issue it again once `mesh up` runs",
     );
   }
-  const state = new HostState(request.stateDir);
+  const state = new HostState(request.stateDir, request.storage);
   const existing = state.loadIdentity();
   if (existing !== undefined) {
     throw new MeshError(

@@ -111,9 +111,12 @@ const reservedNames = new Set<string>(Object.values(stateFiles));
 export class HostState {
   /** The state directory. */
   readonly dir: string;
+  private readonly storage: StateStorage;
 
-  constructor(dir: string) {
+  /** `storage` defaults to the directory on disk; the lab keeps many simulated nodes' state in memory instead. */
+  constructor(dir: string, storage: StateStorage = diskStorage) {
     this.dir = dir;
+    this.storage = storage;
   }
 
   /** Keeps the node's identity in `identity.json` (mode 0600: it holds a broker credential). */
@@ -168,7 +171,7 @@ export class HostState {
 
   /** Removes a secret kept by {@link saveSecret}; removing one that is not there is not an error. */
   removeSecret(name: string): void {
-    rmSync(join(this.dir, this.secretFile(name)), { force: true });
+    this.storage.remove(this.path(this.secretFile(name)));
   }
 
   /**
@@ -226,14 +229,9 @@ export class HostState {
   }
 
   private exists(file: string): boolean {
-    return this.stat(file) !== undefined;
-  }
-
-  private stat(file: string) {
     const path = this.path(file);
     try {
-      // throwIfNoEntry answers a missing file with undefined and still throws every other failure.
-      return lstatSync(path, { throwIfNoEntry: false });
+      return this.storage.exists(path);
     } catch (error) {
       throw new HostStateError(`could not look up ${path}: ${messageOf(error)}`, { cause: error });
     }
@@ -243,8 +241,7 @@ export class HostState {
     if (!this.exists(file)) return undefined;
     const path = this.path(file);
     try {
-      // Private files are refused when others may read them: their secret can no longer be assumed private.
-      return kind === "private" ? readPrivateFile(path) : readFileSync(path, "utf8");
+      return this.storage.read(path, kind);
     } catch (error) {
       throw new HostStateError(`could not read ${path}: ${messageOf(error)}`, { cause: error });
     }
@@ -253,8 +250,7 @@ export class HostState {
   private writePrivate(file: string, text: string): void {
     const path = this.path(file);
     try {
-      mkdirSync(this.dir, { recursive: true, mode: stateDirMode });
-      writePrivateFile(path, text);
+      this.storage.write(this.dir, path, text);
     } catch (error) {
       throw new HostStateError(`could not write ${path}: ${messageOf(error)}`, { cause: error });
     }
@@ -300,6 +296,48 @@ export class HostState {
     }
     return result.data;
   }
+}
+
+/** Where a HostState keeps its files. Every path is absolute, inside the state directory. */
+export interface StateStorage {
+  exists(path: string): boolean;
+  /** The file's text; "private" files are refused when others may read them. */
+  read(path: string, kind: "private" | "plain"): string;
+  /** Writes the file atomically, mode 0600, creating `dir` (0700) first when needed. */
+  write(dir: string, path: string, text: string): void;
+  /** Removes the file; removing one that is not there is not an error. */
+  remove(path: string): void;
+}
+
+/** The state directory on disk: the agent's own. */
+export const diskStorage: StateStorage = {
+  // throwIfNoEntry answers a missing file with undefined and still throws every other failure.
+  exists: (path) => lstatSync(path, { throwIfNoEntry: false }) !== undefined,
+  // Private files are refused when others may read them: their secret can no longer be assumed private.
+  read: (path, kind) => (kind === "private" ? readPrivateFile(path) : readFileSync(path, "utf8")),
+  write: (dir, path, text) => {
+    mkdirSync(dir, { recursive: true, mode: stateDirMode });
+    writePrivateFile(path, text);
+  },
+  remove: (path) => rmSync(path, { force: true }),
+};
+
+/**
+ * State kept in memory only, for simulated nodes (`mesh lab`): the same HostState rules over a map, without a
+ * thousand fsyncs a second. Gone when the process ends, which is what a lab node is.
+ */
+export function memoryStorage(): StateStorage {
+  const files = new Map<string, string>();
+  return {
+    exists: (path) => files.has(path),
+    read: (path) => {
+      const text = files.get(path);
+      if (text === undefined) throw new Error(`${path} does not exist`);
+      return text;
+    },
+    write: (_dir, path, text) => void files.set(path, text),
+    remove: (path) => void files.delete(path),
+  };
 }
 
 function describeIssues(error: z.ZodError): string {

@@ -18,8 +18,12 @@ import type { ControlQueueKind } from "./names.js";
  */
 
 /** The identities that connect to the broker. */
-export const roles = ["control", "token", "node"] as const;
-/** `control`: the control plane. `token`: a joining node, before it has its own identity. `node`: an enrolled node. */
+export const roles = ["control", "token", "node", "lab"] as const;
+/**
+ * `control`: the control plane. `token`: a joining node, before it has its own identity. `node`: an enrolled node.
+ * `lab`: one connection shared by a group of simulated nodes (`mesh lab`), when one connection per node would be
+ * too many; it may do for each named node what that node may do, and nothing for any other.
+ */
 export type Role = (typeof roles)[number];
 
 /**
@@ -49,8 +53,11 @@ export interface WritersRow {
   readonly publishes: readonly PublishedKind[];
   /** The places this role may read. */
   readonly reads: readonly Place[];
-  /** `node`: the identity belongs to one node and its permissions name it. `fleet`: it acts for every node. */
-  readonly scope: "node" | "fleet";
+  /**
+   * `node`: the identity belongs to one node and its permissions name it. `nodes`: it acts for a named group of
+   * nodes, each named in its permissions. `fleet`: it acts for every node.
+   */
+  readonly scope: "node" | "nodes" | "fleet";
   /** Whether this role sets up the broker (streams, key-value buckets, exchange, queues) and keeps the lease. */
   readonly managesBroker: boolean;
 }
@@ -62,6 +69,7 @@ export type WritersTable = Readonly<Record<Role, WritersRow>>;
 export const writersTable = {
   token: { publishes: ["enrol"], reads: ["node_replies"], scope: "node", managesBroker: false },
   node: { publishes: ["report", "alive"], reads: ["node_queue"], scope: "node", managesBroker: false },
+  lab: { publishes: ["report", "alive"], reads: ["node_queue"], scope: "nodes", managesBroker: false },
   control: {
     publishes: ["enrol_reply", "declaration_envelope", "receipt", "event"],
     reads: ["control_queue"],
@@ -98,18 +106,18 @@ const natsBrokerSetup = {
 } as const;
 
 /**
- * Compiles the NATS permissions of `role` from the table. `node` is required for the roles scoped to one node and
- * refused for the control plane, whose permissions span the fleet.
+ * Compiles the NATS permissions of `role` from the table. `node` is required for the roles scoped to one node (a
+ * list of names for a role scoped to a group) and refused for the control plane, whose permissions span the fleet.
  */
 export function natsPermissions(
   role: Role,
-  node?: string,
+  node?: string | readonly string[],
   table: WritersTable = writersTable,
 ): NatsPermissions {
   const row = table[role];
-  const slot = nodeNamed(role, row, node) ?? anyNodeSubjectToken;
-  const pub = row.publishes.map((kind) => natsPublishSubject(kind, slot));
-  const sub = row.reads.flatMap((place) => natsReadSubjects(place, slot));
+  const slots = nodesNamed(role, row, node) ?? [anyNodeSubjectToken];
+  const pub = slots.flatMap((slot) => row.publishes.map((kind) => natsPublishSubject(kind, slot)));
+  const sub = slots.flatMap((slot) => row.reads.flatMap((place) => natsReadSubjects(place, slot)));
   if (row.managesBroker) {
     pub.push(...natsBrokerSetup.pub);
     sub.push(...natsBrokerSetup.sub);
@@ -173,11 +181,17 @@ const anyEventRoutingKey = "event\\..+";
  */
 export function rabbitPermissions(
   role: Role,
-  node?: string,
+  node?: string | readonly string[],
   table: WritersTable = writersTable,
 ): RabbitPermissions {
   const row = table[role];
-  const named = nodeNamed(role, row, node);
+  const group = nodesNamed(role, row, node);
+  if (group !== undefined && group.length !== 1) {
+    // RabbitMQ names the node a message comes from by the user that published it (user_id), so one user can
+    // speak for one node only.
+    throw new ContractError(`${role} permissions on RabbitMQ name exactly one node, not ${group.length}`);
+  }
+  const named = group?.[0];
   const queue = named === undefined ? anyNodeQueuePattern : escapeRegex(nodeQueue(named));
   const routes = row.publishes.map((kind) => rabbitRoute(kind));
   const readQueues = row.reads.map((place) =>
@@ -231,16 +245,34 @@ function routingKeyPattern(kind: ControlQueueKind): string {
   return escapeRegex(controlRoutingKey(kind));
 }
 
-/** The node a role's permissions are for: the checked name, or undefined for a role acting across the fleet. */
-function nodeNamed(role: Role, row: WritersRow, node: string | undefined): string | undefined {
-  if (row.scope === "fleet") {
-    if (node !== undefined)
-      throw new ContractError(`${role} permissions span the fleet and take no node name`);
-    return undefined;
+/** The nodes a role's permissions are for: the checked names, or undefined for a role acting across the fleet. */
+function nodesNamed(
+  role: Role,
+  row: WritersRow,
+  node: string | readonly string[] | undefined,
+): string[] | undefined {
+  switch (row.scope) {
+    case "fleet":
+      if (node !== undefined)
+        throw new ContractError(`${role} permissions span the fleet and take no node name`);
+      return undefined;
+    case "node":
+      if (node === undefined) throw new ContractError(`${role} permissions need the node's name`);
+      if (typeof node !== "string") throw new ContractError(`${role} permissions name one node, not a list`);
+      assertNodeName(node);
+      return [node];
+    case "nodes": {
+      const names = typeof node === "string" ? [node] : node;
+      if (names === undefined || names.length === 0)
+        throw new ContractError(`${role} permissions need the node's name (one or more)`);
+      for (const name of names) assertNodeName(name);
+      return unique(names);
+    }
+    default: {
+      const unknown: never = row.scope;
+      throw new ContractError(`unknown scope ${String(unknown)}`);
+    }
   }
-  if (node === undefined) throw new ContractError(`${role} permissions need the node's name`);
-  assertNodeName(node);
-  return node;
 }
 
 /** Escapes every regex metacharacter, so a name matches only itself. */

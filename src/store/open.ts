@@ -97,7 +97,7 @@ function connect(location: StoreLocation, url: string): Kysely<Database> {
       file.pragma("synchronous = NORMAL");
       file.pragma("busy_timeout = 5000");
       file.pragma("foreign_keys = ON");
-      return new Kysely<Database>({ dialect: new SqliteDialect({ database: file }) });
+      return new Kysely<Database>({ dialect: new SqliteDialect({ database: withStatementCache(file) }) });
     }
     case "postgres": {
       const pool = new pg.Pool({
@@ -141,4 +141,29 @@ function describe(error: unknown): string {
     return typeof code === "string" && code !== "" ? `${error.message} (${code})` : error.message;
   }
   return String(error);
+}
+
+/**
+ * Kysely prepares every query anew; preparing is a good part of a small query's cost in better-sqlite3. The same
+ * SQL text gets the same prepared statement (the set of texts is bounded: queries are built from the code's shapes,
+ * values are bound parameters).
+ */
+function withStatementCache(file: SqliteDatabase.Database): SqliteDatabase.Database {
+  const statements = new Map<string, SqliteDatabase.Statement>();
+  return new Proxy(file, {
+    get(target, property, receiver) {
+      if (property === "prepare") {
+        return (sql: string) => {
+          let statement = statements.get(sql);
+          if (statement === undefined) {
+            statement = target.prepare(sql);
+            if (statements.size < 1000) statements.set(sql, statement);
+          }
+          return statement;
+        };
+      }
+      const value: unknown = Reflect.get(target, property, receiver);
+      return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+    },
+  });
 }

@@ -312,6 +312,29 @@ void describe("link writers", () => {
     }
   });
 
+  void test("writers — the lab role acts for each node of its group as that node may, and for no other", () => {
+    fc.assert(
+      fc.property(fc.uniqueArray(nodeName, { minLength: 1, maxLength: 5 }), nodeName, (group, outsider) => {
+        fc.pre(!group.includes(outsider));
+        const lab = natsPermissions("lab", group);
+        for (const member of group) {
+          const node = natsPermissions("node", member);
+          for (const pattern of node.pub.allow) assert.ok(lab.pub.allow.includes(pattern), pattern);
+          for (const pattern of node.sub.allow) assert.ok(lab.sub.allow.includes(pattern), pattern);
+        }
+        for (const subject of subjectsOf(outsider)) {
+          assert.ok(!anyAllows(lab.pub.allow, subject), `lab may publish ${subject}`);
+          assert.ok(!anyAllows(lab.sub.allow, subject), `lab may read ${subject}`);
+        }
+        assert.ok(!lab.pub.allow.some((pattern) => pattern.includes("*") || pattern.startsWith("$")));
+      }),
+    );
+    assertContractError(() => natsPermissions("lab"), "need the node's name");
+    assertContractError(() => natsPermissions("lab", []), "need the node's name");
+    assertContractError(() => natsPermissions("node", ["web-1", "web-2"]), "one node, not a list");
+    assertContractError(() => rabbitPermissions("lab", ["web-1", "web-2"]), "exactly one node");
+  });
+
   void test("writers — node names are regex-escaped in RabbitMQ permissions", () => {
     // A dot in a pattern would match any character; the escaped one matches only the name itself.
     const read = rabbitPermissions("node", "web-1").read;

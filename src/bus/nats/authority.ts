@@ -46,10 +46,16 @@ export function loadOrCreateAuthority(dir: string): NatsAuthority {
  * node:crypto signs the same Ed25519 bytes in a fraction of a millisecond.
  */
 export function fastSigner(pair: KeyPair): KeyPair {
+  const known = fastSigners.get(pair);
+  if (known !== undefined) return known;
   const privateKey: KeyObject = signingPrivateKeyFromSeed(rawSeed(pair));
-  return {
-    getPublicKey: () => pair.getPublicKey(),
-    getPrivateKey: () => pair.getPrivateKey(),
+  // The pure-JS pair derives its public key from the seed on every call (milliseconds each, several per JWT):
+  // derived once here.
+  const publicKey = pair.getPublicKey();
+  const privateText = pair.getPrivateKey();
+  const signer: KeyPair = {
+    getPublicKey: () => publicKey,
+    getPrivateKey: () => privateText,
     getSeed: () => pair.getSeed(),
     sign: (input: Uint8Array) => new Uint8Array(signWithKey(null, input, privateKey)),
     verify: (input: Uint8Array, signature: Uint8Array) => pair.verify(input, signature),
@@ -58,7 +64,12 @@ export function fastSigner(pair: KeyPair): KeyPair {
     seal: (...args) => pair.seal(...args),
     open: (...args) => pair.open(...args),
   };
+  fastSigners.set(pair, signer);
+  return signer;
 }
+
+/** One fast signer per key pair: making the node:crypto key and deriving the public key are done once. */
+const fastSigners = new WeakMap<KeyPair, KeyPair>();
 
 function rawSeed(pair: KeyPair): Uint8Array {
   // The nkeys key pair keeps its raw 32-byte seed; the interface does not declare the accessor.
@@ -117,8 +128,8 @@ export interface UserGrant {
   /** The user's public nkey (`U…`). Its seed never needs to be here. */
   userPublicKey: string;
   role: Role;
-  /** The node the identity acts for; required for the token and node roles. */
-  node?: string;
+  /** The node the identity acts for; required for the token and node roles (the lab role: a list of them). */
+  node?: string | readonly string[];
   /** When the broker must stop accepting it (a token's identity expires with the token). */
   expiresAt?: Date;
 }

@@ -1,6 +1,8 @@
 /** Connecting to NATS with a user JWT, with the client's failures turned into the mesh's errors. */
-import type { NatsConnection } from "@nats-io/transport-node";
-import { connect, jwtAuthenticator } from "@nats-io/transport-node";
+import type { Authenticator, NatsConnection } from "@nats-io/transport-node";
+import { connect } from "@nats-io/transport-node";
+import { encode, fromSeed } from "@nats-io/nkeys";
+import { fastSigner } from "./authority.js";
 import { BrokerRefusedIdentity, BusError } from "../errors.js";
 
 export interface NatsIdentity {
@@ -26,7 +28,7 @@ export async function connectNats(options: NatsConnectOptions): Promise<NatsConn
     return await connect({
       servers: options.url,
       name: options.name,
-      authenticator: jwtAuthenticator(options.identity.jwt, new TextEncoder().encode(options.identity.seed)),
+      authenticator: jwtSigner(options.identity),
       timeout: options.timeoutMs ?? 5000,
       ...(options.inboxPrefix === undefined ? {} : { inboxPrefix: options.inboxPrefix }),
       ...(options.reconnect
@@ -43,6 +45,19 @@ export async function connectNats(options: NatsConnectOptions): Promise<NatsConn
   } catch (error) {
     throw asBusError(error, options.url);
   }
+}
+
+/**
+ * Answers the server's challenge with the user's JWT and the nonce signed by node:crypto: the client library's own
+ * pure-JS signing takes about 5 ms a connection, which a thousand nodes joining at once turn into seconds.
+ */
+function jwtSigner(identity: NatsIdentity): Authenticator {
+  const pair = fastSigner(fromSeed(new TextEncoder().encode(identity.seed)));
+  return (nonce?: string) => ({
+    jwt: identity.jwt,
+    nkey: pair.getPublicKey(),
+    sig: nonce === undefined ? "" : encode(pair.sign(new TextEncoder().encode(nonce))),
+  });
 }
 
 /** The mesh's reading of a NATS client error. */

@@ -1,0 +1,96 @@
+/** `npm run bench -- [--nodes 1000] [--only ingest,fanout,…] …`: the benchmark's flags, checked once. */
+import { parseArgs } from "node:util";
+
+export const benchParts = ["enrolment", "steady", "fanout", "convergence", "ingest", "failover"] as const;
+export type BenchPart = (typeof benchParts)[number];
+
+export interface BenchOptions {
+  nodes: number;
+  parts: BenchPart[];
+  /** How long the steady-state window is. */
+  steadyMs: number;
+  aliveEveryMs: number;
+  /** Reports per node in the ingest backlog (beside one alive per node). */
+  reportsPerNode: number;
+  /** How many join at once in the enrolment part (default: all of them). */
+  joinConcurrency: number;
+  failover: { trials: number; ttl: string; renew: string; margin: string; shortened: boolean };
+  /** Run the serve process under --cpu-prof and keep the profile under bench/results/profiles/. */
+  profile: boolean;
+}
+
+export class BenchUsageError extends Error {
+  override name = "BenchUsageError";
+}
+
+export function parseBenchArgs(argv: readonly string[]): BenchOptions {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: [...argv],
+      options: {
+        nodes: { type: "string", default: "1000" },
+        only: { type: "string" },
+        "steady-window": { type: "string", default: "60" },
+        "alive-every": { type: "string", default: "15" },
+        "reports-per-node": { type: "string", default: "9" },
+        "join-concurrency": { type: "string" },
+        trials: { type: "string" },
+        ttl: { type: "string" },
+        renew: { type: "string" },
+        margin: { type: "string" },
+        profile: { type: "boolean", default: false },
+      },
+      strict: true,
+    }));
+  } catch (error) {
+    throw new BenchUsageError((error as Error).message);
+  }
+  const nodes = whole(values.nodes, "--nodes", 1, 100_000);
+  const parts = values.only === undefined ? [...benchParts] : partsOf(values.only);
+  // Alone, failover runs the full trials on the production lease timings; inside the whole table it is shortened.
+  const alone = parts.length === 1 && parts[0] === "failover";
+  const shortened = !alone && values.trials === undefined && values.ttl === undefined;
+  const failover = {
+    trials: whole(values.trials ?? (shortened ? "3" : "10"), "--trials", 1, 1000),
+    ttl: values.ttl ?? (shortened ? "3s" : "15s"),
+    renew: values.renew ?? (shortened ? "1s" : "5s"),
+    margin: values.margin ?? (shortened ? "500ms" : "3s"),
+    shortened,
+  };
+  return {
+    nodes,
+    parts,
+    steadyMs: whole(values["steady-window"], "--steady-window (seconds)", 1, 3600) * 1000,
+    aliveEveryMs: whole(values["alive-every"], "--alive-every (seconds)", 1, 3600) * 1000,
+    reportsPerNode: whole(values["reports-per-node"], "--reports-per-node", 1, 1000),
+    // Pure-JS nkey signing makes a thousand simultaneous connects outlast the server's authentication timeout.
+    joinConcurrency: whole(
+      values["join-concurrency"] ?? String(Math.min(nodes, 20)),
+      "--join-concurrency",
+      1,
+      100_000,
+    ),
+    failover,
+    profile: values.profile === true,
+  };
+}
+
+function partsOf(text: string): BenchPart[] {
+  const wanted = text.split(",").map((part) => part.trim());
+  for (const part of wanted) {
+    if (!(benchParts as readonly string[]).includes(part)) {
+      throw new BenchUsageError(`--only: "${part}" is not one of ${benchParts.join(", ")}`);
+    }
+  }
+  // Always in the table's order, each once.
+  return benchParts.filter((part) => wanted.includes(part));
+}
+
+function whole(text: string, flag: string, min: number, max: number): number {
+  const value = /^\d+$/.test(text) ? Number(text) : Number.NaN;
+  if (!Number.isSafeInteger(value) || value < min || value > max) {
+    throw new BenchUsageError(`${flag}: "${text}" is not a whole number from ${min} to ${max}`);
+  }
+  return value;
+}

@@ -1,0 +1,484 @@
+/**
+ * `npm run bench`: the control plane's figures, each beside a baseline measured in the same run, in one table,
+ * and the same figures as JSON under bench/results/.
+ *
+ *   npm run bench -- [--nodes 1000] [--only enrolment,steady,fanout,convergence,ingest,failover]
+ *                    [--steady-window 60] [--alive-every 15] [--reports-per-node 9] [--join-concurrency N]
+ *                    [--trials N --ttl 15s --renew 5s --margin 3s] [--profile]
+ */
+import { execFileSync } from "node:child_process";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { cpus, tmpdir } from "node:os";
+import { join } from "node:path";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { connect, jwtAuthenticator } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { openControlSide, openIdentities } from "../src/bus/index.js";
+import { openLabConnection } from "../src/bus/lab.js";
+import { connectNats } from "../src/bus/nats/connect.js";
+import { parseDuration } from "../src/config/duration.js";
+import { compileMeshOptions } from "../src/config/options.js";
+import type { SentDeclaration } from "../src/control/declarations.js";
+import { declare } from "../src/control/declarations.js";
+import { loadOrCreateSigningKey } from "../src/keys/index.js";
+import { Lab } from "../src/lab/lab.js";
+import { spread } from "../src/lab/figures.js";
+import { decodeToken, encodeMessage } from "../src/link/index.js";
+import { epochOf } from "../src/lease/lease.js";
+import { createLogger } from "../src/log.js";
+import { openStore } from "../src/store/index.js";
+import type { BenchOptions } from "./args.js";
+import { BenchUsageError, parseBenchArgs } from "./args.js";
+import { runFailover } from "./failover.js";
+import type { ServeProcess } from "./mesh.js";
+import { cpuSeconds, root, rssMiB, startBroker, startServe } from "./mesh.js";
+import type { Figure } from "./table.js";
+import { formatFigureTable } from "./table.js";
+
+const say = (line: string) => process.stderr.write(`${line}\n`);
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+let options: BenchOptions;
+try {
+  options = parseBenchArgs(process.argv.slice(2));
+} catch (error) {
+  if (!(error instanceof BenchUsageError)) throw error;
+  process.stderr.write(`bench: ${error.message}\n`);
+  process.exit(2);
+}
+
+const figures: Figure[] = [];
+const extra: Record<string, unknown> = {};
+const has = (part: BenchOptions["parts"][number]) => options.parts.includes(part);
+const meshParts = options.parts.filter((part) => part !== "failover");
+
+if (meshParts.length > 0) await benchMesh();
+if (has("failover")) {
+  const f = options.failover;
+  say(`failover: ${f.trials} trial(s), lease ${f.ttl}/${f.renew}/${f.margin}`);
+  const times = await runFailover({ ...f, log: say });
+  const s = spread(times);
+  extra.failover = { ...f, times_ms: times };
+  if (s !== undefined) {
+    const note = f.shortened
+      ? `${f.trials} trials, lease ${f.ttl}/${f.renew}/${f.margin} (shortened inside the table; --only failover runs 10 on 15s/5s/3s)`
+      : `${f.trials} trials, lease ${f.ttl}/${f.renew}/${f.margin}`;
+    const ttlMs = parseDuration(f.ttl, "--ttl");
+    figures.push(
+      {
+        part: "failover",
+        what: "kill -9 → next acting, p50",
+        value: s.p50,
+        unit: "ms",
+        baseline: { value: ttlMs, what: "lease TTL" },
+        note,
+      },
+      {
+        part: "failover",
+        what: "kill -9 → next acting, max",
+        value: s.max,
+        unit: "ms",
+        baseline: { value: ttlMs, what: "lease TTL" },
+      },
+    );
+  }
+}
+
+const table = formatFigureTable(figures);
+const result = {
+  benchmark: "mesh",
+  commit: execFileSync("git", ["rev-parse", "--short", "HEAD"], { cwd: root, encoding: "utf8" }).trim(),
+  dirty:
+    execFileSync("git", ["status", "--porcelain", "--untracked-files=no"], {
+      cwd: root,
+      encoding: "utf8",
+    }).trim() !== "",
+  date: new Date().toISOString(),
+  node: process.version,
+  nats_server: execFileSync("/usr/sbin/nats-server", ["--version"], { encoding: "utf8" }).trim(),
+  cores: cpus().length,
+  cpu_model: cpus()[0]?.model ?? "unknown",
+  nodes: options.nodes,
+  parts: options.parts,
+  figures,
+  ...extra,
+};
+const out = join(root, "bench", "results");
+mkdirSync(out, { recursive: true });
+const file = join(out, `bench-${options.nodes}-${result.date.replace(/[:.]/g, "-")}.json`);
+writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
+process.stdout.write(
+  `mesh bench, ${options.nodes} nodes — commit ${result.commit}${result.dirty ? " (with local changes)" : ""}, ` +
+    `${result.node}, ${result.nats_server}, ${result.cores} cores\n\n${table}\nfigures written to ${file}\n`,
+);
+
+async function benchMesh(): Promise<void> {
+  const N = options.nodes;
+  const dir = mkdtempSync(join(tmpdir(), "mesh-bench-"));
+  const data = join(dir, "data");
+  const profileDir = options.profile ? join(root, "bench", "results", "profiles") : undefined;
+  const broker = await startBroker(data, dir);
+  let serve: ServeProcess = startServe(data, broker.url, profileDir);
+  await serve.serving;
+  const meshOptions = compileMeshOptions({ dataDir: data, flags: {}, env: {} });
+  const store = await openStore(meshOptions.storeUrl, { historyLimit: meshOptions.historyLimit });
+  const signing = loadOrCreateSigningKey(join(data, "keys"));
+  const log = createLogger({ level: "warn" });
+
+  // Convergence is timed by each node: its declaration applied, then the control plane's receipt for its report.
+  const appliedNodes = new Set<string>();
+  const converged = new Map<string, number>();
+  const lab = new Lab({
+    nodes: N,
+    prefix: "bench",
+    aliveEveryMs: options.aliveEveryMs,
+    connections: "shared",
+    groupSize: 20,
+    joinConcurrency: options.joinConcurrency,
+    joinTimeoutMs: 300_000,
+    dataDir: data,
+    log,
+    onEvent: (node, event) => {
+      if (event.kind === "applied") appliedNodes.add(node);
+      else if (event.verdict === "kept" && appliedNodes.has(node) && !converged.has(node))
+        converged.set(node, performance.now());
+    },
+  });
+  try {
+    // Enrolment: tokens issued beforehand (as `mesh token issue` does), then every node joins at once.
+    const identities = openIdentities(data, broker.url);
+    let started = performance.now();
+    const tokens = await lab.issueTokens(store, identities, signing.fingerprint, 3_600_000);
+    await identities.close();
+    say(`issued ${N} tokens in ${((performance.now() - started) / 1000).toFixed(1)} s`);
+    if (has("enrolment")) {
+      // Baseline: the broker's share of a join — each token's identity connecting (as the mesh connects) and
+      // leaving, as many at once.
+      started = performance.now();
+      await mapLimit([...tokens.values()], options.joinConcurrency, async (token) => {
+        const credential = decodeToken(token).broker?.credential;
+        if (credential?.type !== "nats") throw new Error("a token without a NATS identity");
+        const nc = await connectNats({
+          url: broker.url,
+          identity: { jwt: credential.jwt, seed: credential.seed },
+          name: "bench connect",
+          reconnect: false,
+        });
+        await nc.close();
+      });
+      const connectMs = performance.now() - started;
+      started = performance.now();
+      const joins = await lab.join(tokens);
+      const totalMs = performance.now() - started;
+      const failed = joins.filter((j) => j.error !== undefined);
+      const per = spread(joins.filter((j) => j.error === undefined).map((j) => j.ms));
+      say(`enrolment: ${joins.length - failed.length}/${N} joined in ${(totalMs / 1000).toFixed(1)} s`);
+      extra.enrolment = {
+        failed: failed.length,
+        first_errors: failed.slice(0, 3),
+        connect_baseline_ms: connectMs,
+      };
+      const note = `${options.joinConcurrency} at once${failed.length > 0 ? `; ${failed.length} failed` : ""}`;
+      figures.push({
+        part: "enrolment",
+        what: `${N} joins, total`,
+        value: totalMs / 1000,
+        unit: "s",
+        baseline: { value: connectMs / 1000, what: "token identities connect+close" },
+        target: N === 1000 ? "≤ 10 s" : "",
+        note,
+      });
+      if (per !== undefined) {
+        figures.push(
+          { part: "enrolment", what: "per join, p50", value: per.p50, unit: "ms" },
+          { part: "enrolment", what: "per join, p99", value: per.p99, unit: "ms" },
+        );
+      }
+    } else {
+      await lab.join(tokens);
+    }
+    await lab.start();
+    say(`lab running: ${lab.status().running} nodes`);
+
+    if (has("steady")) {
+      // Let every node's alive cycle come round once before the window opens.
+      await sleep(options.aliveEveryMs + 2000);
+      const before = cpuSeconds(serve.pid);
+      await sleep(options.steadyMs);
+      const share = (cpuSeconds(serve.pid) - before) / (options.steadyMs / 1000);
+      const rss = rssMiB(serve.pid);
+      say(`steady: ${(share * 100).toFixed(1)} % of a core, ${rss.toFixed(0)} MiB`);
+      figures.push(
+        {
+          part: "steady",
+          what: `serve CPU, ${N} nodes alive every ${options.aliveEveryMs / 1000} s`,
+          value: share * 100,
+          unit: "% of a core",
+          baseline: { value: 10, what: "target for 10,000 nodes" },
+          note: `over ${options.steadyMs / 1000} s from /proc/<pid>/stat`,
+        },
+        { part: "steady", what: "serve RSS", value: rss, unit: "MiB" },
+      );
+    }
+
+    const sent = new Map<string, SentDeclaration>();
+    if (has("fanout") || has("convergence") || has("ingest")) {
+      const side = await openControlSide(data, broker.url, log, { longLived: false });
+      try {
+        const current = await (await side.lease(meshOptions.lease.ttlMs)).read();
+        if (current === undefined) throw new Error("nobody holds the lease: is serve running?");
+        const epoch = epochOf(current);
+        const files = [{ path: "/etc/bench", content: "declared by the benchmark\n" }];
+        const nodes = lab.names;
+        const startedAt = performance.now();
+        for (const node of nodes) {
+          sent.set(
+            node,
+            await declare({ store, signing, bus: side.bus, now: () => new Date() }, node, files, epoch),
+          );
+        }
+        const fanoutMs = performance.now() - startedAt;
+        await waitFor(() => converged.size >= lab.status().running, 300_000);
+        const convergedMs = [...converged.values()].map((t) => t - startedAt);
+        // Baseline: the same number of envelopes of the same size, published raw by the same client library.
+        const envelope = (await store.declarations.latest(nodes[0] ?? ""))?.envelope ?? "";
+        const nc = await controlConnection(data, broker.url);
+        const raw = new TextEncoder().encode(envelope);
+        const rawStarted = performance.now();
+        for (let i = 0; i < nodes.length; i++) nc.publish("mesh.event.bench", raw);
+        await nc.flush();
+        const rawMs = performance.now() - rawStarted;
+        await nc.close();
+        say(
+          `fan-out: ${nodes.length} declarations in ${fanoutMs.toFixed(0)} ms; converged ${converged.size}`,
+        );
+        if (has("fanout")) {
+          figures.push(
+            {
+              part: "fanout",
+              what: "declarations composed, signed, stored, sent",
+              value: nodes.length / (fanoutMs / 1000),
+              unit: "/s",
+              baseline: { value: nodes.length / (rawMs / 1000), what: "raw publish, same bytes" },
+            },
+            {
+              part: "fanout",
+              what: `one to each of ${nodes.length} nodes`,
+              value: fanoutMs,
+              unit: "ms",
+              baseline: { value: rawMs, what: "raw publish, same bytes" },
+            },
+          );
+        }
+        if (has("convergence")) {
+          const c = spread(convergedMs);
+          if (c !== undefined) {
+            const note = `${c.count}/${lab.status().running} nodes`;
+            figures.push(
+              {
+                part: "convergence",
+                what: "declare → applied and kept, p50",
+                value: c.p50,
+                unit: "ms",
+                baseline: { value: fanoutMs, what: "sending them all" },
+                note,
+              },
+              {
+                part: "convergence",
+                what: "declare → applied and kept, p99",
+                value: c.p99,
+                unit: "ms",
+                baseline: { value: fanoutMs, what: "sending them all" },
+              },
+              {
+                part: "convergence",
+                what: "declare → applied and kept, max",
+                value: c.max,
+                unit: "ms",
+                baseline: { value: fanoutMs, what: "sending them all" },
+                target: N >= 10_000 ? "≤ 5 s" : "",
+              },
+            );
+          }
+        }
+      } finally {
+        await side.close();
+      }
+    }
+
+    if (has("ingest")) {
+      // The same backlog twice — one alive and R reports per node — drained once by a plain consumer of the same
+      // client library, once by serve (parsed, checked, ordered, stored, receipted).
+      await serve.stop();
+      const R = options.reportsPerNode;
+      await preload(data, broker.url, lab.names, sent, R, 1_000_000);
+      const raw = await drainRaw(data, broker.url);
+      await preload(data, broker.url, lab.names, sent, R, 2_000_000);
+      const pending = await backlog(data, broker.url);
+      serve = startServe(data, broker.url, profileDir);
+      await serve.serving;
+      const startedAt = performance.now();
+      await waitForAsync(async () => (await backlog(data, broker.url)) === 0, 600_000, 100);
+      const meshMs = performance.now() - startedAt;
+      const meshRate = pending / (meshMs / 1000);
+      say(
+        `ingest: serve ${pending} in ${meshMs.toFixed(0)} ms; raw ${raw.messages} in ${raw.ms.toFixed(0)} ms`,
+      );
+      extra.ingest = {
+        backlog: pending,
+        serve_ms: meshMs,
+        raw_messages: raw.messages,
+        raw_ms: raw.ms,
+        reports_per_node: R,
+      };
+      figures.push({
+        part: "ingest",
+        what: `alive+report through serve (${R} reports : 1 alive)`,
+        value: meshRate,
+        unit: "msg/s",
+        baseline: { value: raw.messages / (raw.ms / 1000), what: "raw JetStream consume+ack" },
+        target: "≥ 0.5×",
+        note: `backlog of ${pending}`,
+      });
+    }
+  } finally {
+    await lab.stop();
+    await store.close();
+    await serve.stop();
+    await broker.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+async function controlConnection(data: string, url: string): Promise<NatsConnection> {
+  const identities = openIdentities(data, url);
+  const control = await identities.controlIdentity();
+  await identities.close();
+  return connect({
+    servers: url,
+    authenticator: jwtAuthenticator(control.jwt, new TextEncoder().encode(control.seed)),
+  });
+}
+
+/** Publishes one alive and `perNode` reports for each node, as that node (on shared lab connections). */
+async function preload(
+  data: string,
+  url: string,
+  nodes: readonly string[],
+  sent: ReadonlyMap<string, SentDeclaration>,
+  perNode: number,
+  firstReportSequence: number,
+): Promise<void> {
+  const expected = (await backlog(data, url)) + nodes.length * perNode;
+  for (let i = 0; i < nodes.length; i += 20) {
+    const group = nodes.slice(i, i + 20);
+    const connection = await openLabConnection(data, url, group);
+    for (const node of group) {
+      const bus = connection.nodeBus(node);
+      const held = sent.get(node);
+      const at = new Date().toISOString();
+      await bus.publishAlive(
+        encodeMessage({
+          kind: "alive",
+          node,
+          sent_at: at,
+          holds: { epoch: held?.epoch ?? 0, sequence: held?.sequence ?? 0 },
+        }),
+      );
+      for (let k = 0; k < perNode; k++) {
+        const report_sequence = firstReportSequence + k;
+        const body = encodeMessage({
+          kind: "report",
+          node,
+          epoch: held?.epoch ?? 0,
+          sequence: held?.sequence ?? 0,
+          report_sequence,
+          digest: held?.digest ?? "sha256:" + "0".repeat(64),
+          outcome: "applied",
+          items: [{ id: "file:/etc/bench", state: "applied" }],
+          sent_at: at,
+        });
+        await bus.publishReport(body, `${node}:${report_sequence}`);
+      }
+    }
+    await connection.close();
+  }
+  // Alives keep one per node, so the backlog grows by the reports (and by whichever alives were not there yet).
+  await waitForAsync(async () => (await backlog(data, url)) >= expected, 60_000, 100);
+}
+
+/** Messages waiting for the control consumer, or delivered and not yet acknowledged, over both streams. */
+async function backlog(data: string, url: string): Promise<number> {
+  const nc = await controlConnection(data, url);
+  try {
+    const jsm = await jetstreamManager(nc);
+    let total = 0;
+    for (const stream of ["MESH_CONTROL", "MESH_ALIVE"]) {
+      const info = await jsm.consumers.info(stream, "control");
+      total += info.num_pending + info.num_ack_pending;
+    }
+    return total;
+  } finally {
+    await nc.close();
+  }
+}
+
+/** Drains the control consumer with the client library alone: consume, acknowledge, count. */
+async function drainRaw(data: string, url: string): Promise<{ messages: number; ms: number }> {
+  const nc = await controlConnection(data, url);
+  const jsm = await jetstreamManager(nc);
+  const js = jetstream(nc);
+  const started = performance.now();
+  let messages = 0;
+  await Promise.all(
+    ["MESH_CONTROL", "MESH_ALIVE"].map(async (stream) => {
+      let left = (await jsm.consumers.info(stream, "control")).num_pending;
+      if (left === 0) return;
+      const consumer = await js.consumers.get(stream, "control");
+      const iterator = await consumer.consume({ max_messages: 256 });
+      for await (const msg of iterator) {
+        msg.ack();
+        messages++;
+        if (--left === 0) break;
+      }
+      await iterator.close();
+    }),
+  );
+  await nc.flush();
+  const ms = performance.now() - started;
+  await nc.close();
+  return { messages, ms };
+}
+
+async function waitFor(check: () => boolean, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!check()) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms`);
+    await sleep(20);
+  }
+}
+
+async function waitForAsync(
+  check: () => Promise<boolean>,
+  timeoutMs: number,
+  everyMs: number,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms`);
+    await sleep(everyMs);
+  }
+}
+
+async function mapLimit<T>(
+  items: readonly T[],
+  limit: number,
+  work: (item: T) => Promise<void>,
+): Promise<void> {
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: Math.min(limit, items.length) }, async () => {
+      while (next < items.length) await work(items[next++] as T);
+    }),
+  );
+}

@@ -1,0 +1,97 @@
+/**
+ * What the benchmarks run against: an operator's nats-server configured from `mesh broker config`, and
+ * `mesh serve` as its own process (so its CPU and memory are its own, and it can run under --cpu-prof).
+ */
+import { execFileSync, spawn } from "node:child_process";
+import { mkdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import type { RunningNatsServer } from "../src/bus/index.js";
+import { freePort, startNatsServer } from "../src/bus/index.js";
+import { writeNatsServerConfig } from "../src/bus/nats/server.js";
+
+export const root = new URL("../", import.meta.url).pathname;
+
+export function meshCli(data: string, args: readonly string[]): string {
+  return execFileSync(process.execPath, [`${root}bin/mesh.js`, "--data", data, ...args], {
+    env: { ...process.env, MESH_HOME: "" },
+    encoding: "utf8",
+  });
+}
+
+export async function startBroker(data: string, dir: string): Promise<RunningNatsServer> {
+  const fragment = JSON.parse(meshCli(data, ["broker", "config", "--json"])) as {
+    operator: string;
+    system_account: string;
+    resolver_preload: Record<string, string>;
+  };
+  const port = await freePort();
+  mkdirSync(join(dir, "nats"), { recursive: true });
+  const config = writeNatsServerConfig({
+    dir: join(dir, "nats"),
+    host: "127.0.0.1",
+    port,
+    operatorJwt: fragment.operator,
+    systemAccount: fragment.system_account,
+    accounts: fragment.resolver_preload,
+  });
+  return startNatsServer(config, { host: "127.0.0.1", port }, join(dir, "nats.log"));
+}
+
+export interface ServeProcess {
+  pid: number;
+  /** Resolves when the control plane says it is serving. */
+  serving: Promise<void>;
+  stop(): Promise<void>;
+  stderr(): string;
+}
+
+export function startServe(data: string, url: string, profileDir?: string): ServeProcess {
+  const flags = profileDir === undefined ? [] : ["--cpu-prof", "--cpu-prof-dir", profileDir];
+  const child = spawn(
+    process.execPath,
+    [...flags, `${root}bin/mesh.js`, "--data", data, "serve", "--broker", url],
+    { env: { ...process.env, MESH_HOME: "" }, stdio: ["ignore", "ignore", "pipe"] },
+  );
+  let err = "";
+  const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
+  const serving = new Promise<void>((resolve, reject) => {
+    child.stderr.on("data", (chunk: Buffer) => {
+      // Keep only the start and the tail: a long run logs liveness crossings.
+      err = (err + chunk.toString("utf8")).slice(-200_000);
+      if (err.includes('"event":"control.serving"')) resolve();
+    });
+    void exited.then(() => reject(new Error(`mesh serve exited before serving: ${err.slice(-2000)}`)));
+  });
+  return {
+    pid: child.pid ?? 0,
+    serving,
+    stderr: () => err,
+    stop: async () => {
+      if (child.exitCode === null && child.signalCode === null) child.kill("SIGTERM");
+      await exited;
+    },
+  };
+}
+
+/** CPU seconds (user + system) a process has used so far, from /proc/<pid>/stat. */
+export function cpuSeconds(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  // Fields after the command name (which may hold spaces) start after the last ')'.
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  const ticks = Number(fields[11]) + Number(fields[12]);
+  return ticks / clockTicks();
+}
+
+/** Resident memory of a process in MiB, from /proc/<pid>/status. */
+export function rssMiB(pid: number): number {
+  const status = readFileSync(`/proc/${pid}/status`, "utf8");
+  const match = /VmRSS:\s+(\d+) kB/.exec(status);
+  if (match === null) throw new Error(`no VmRSS for process ${pid}`);
+  return Number(match[1]) / 1024;
+}
+
+let ticks: number | undefined;
+function clockTicks(): number {
+  ticks ??= Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim());
+  return ticks;
+}

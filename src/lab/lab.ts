@@ -1,0 +1,265 @@
+/**
+ * The lab: many simulated nodes in one process, each doing what `mesh-host` does with the agent's own code — it
+ * joins with its own one-time token (issued as `mesh token issue` issues it), keeps its own identity and keys,
+ * verifies and applies declarations, reports and says alive. Only what is around the agent differs: its state is
+ * kept in memory (or in a dir per node), its files in memory (or under a root per node), and above a few hundred
+ * nodes groups of nodes share a broker connection on the writers table's `lab` identity.
+ */
+import { join as joinPath } from "node:path";
+import type { BrokerIdentities, NodeBus } from "../bus/index.js";
+import { openNodeSide } from "../bus/index.js";
+import type { LabConnection } from "../bus/lab.js";
+import { openLabConnection } from "../bus/lab.js";
+import { issueToken } from "../control/tokens.js";
+import type { AppliedDeclaration, StateStorage } from "../host/state.js";
+import { diskStorage, HostState, memoryStorage } from "../host/state.js";
+import { Agent } from "../host/agent.js";
+import type { AgentEvent, OpenNodeBus } from "../host/agent.js";
+import { join } from "../host/join.js";
+import type { Logger } from "../log.js";
+import { errorText } from "../log.js";
+import type { Store } from "../store/index.js";
+import { MemoryApplier } from "./memory-applier.js";
+import type { LabOptions } from "./options.js";
+import { labNodeName } from "./options.js";
+
+export interface LabSettings extends LabOptions {
+  /** The control plane's data dir: a shared connection's identity is minted with its account key. */
+  dataDir: string;
+  log: Logger;
+  /** Files and state on disk under `<root>/<node>/` instead of in memory. */
+  root?: string;
+  /** Told what each node's agent does, as it does it. */
+  onEvent?: (node: string, event: AgentEvent) => void;
+}
+
+/** What became of one node's join. */
+export interface JoinOutcome {
+  node: string;
+  ms: number;
+  error?: string;
+}
+
+export interface LabStatus {
+  connections: LabSettings["connections"];
+  nodes: number;
+  joined: number;
+  joinFailed: number;
+  running: number;
+  /** Nodes holding a declaration they applied. */
+  applied: number;
+  /** Nodes holding the newest declaration any lab node holds. */
+  latest: { epoch: number; sequence: number; nodes: number } | null;
+  /** Running nodes whose every report the control plane has taken (no report waiting for its receipt). */
+  reporting: number;
+  alivesSent: number;
+  reportsSent: number;
+  refused: number;
+  stopped: { node: string; error: string }[];
+}
+
+interface LabNode {
+  name: string;
+  stateDir: string;
+  storage: StateStorage;
+  agent?: Agent;
+}
+
+export class Lab {
+  readonly names: string[];
+  private readonly nodes = new Map<string, LabNode>();
+  private readonly connections: LabConnection[] = [];
+  private readonly runs: Promise<void>[] = [];
+  private readonly stopped: { node: string; error: string }[] = [];
+  private joins: JoinOutcome[] = [];
+  private stopping = false;
+
+  constructor(private readonly settings: LabSettings) {
+    this.names = Array.from({ length: settings.nodes }, (_, i) =>
+      labNodeName(settings.prefix, i + 1, settings.nodes),
+    );
+    const root = settings.root;
+    for (const name of this.names) {
+      this.nodes.set(name, {
+        name,
+        stateDir: root !== undefined ? joinPath(root, name, "state") : `/lab/${name}`,
+        storage: root !== undefined ? diskStorage : memoryStorage(),
+      });
+    }
+  }
+
+  /** One token per node, issued exactly as `mesh token issue` issues it. Returns node → token string. */
+  async issueTokens(
+    store: Store,
+    broker: BrokerIdentities,
+    fingerprint: string,
+    ttlMs: number,
+  ): Promise<Map<string, string>> {
+    const tokens = new Map<string, string>();
+    for (const node of this.names) {
+      const issued = await issueToken(store, { node, ttlMs, fingerprint, now: new Date(), broker });
+      tokens.set(node, issued.token);
+    }
+    return tokens;
+  }
+
+  /** Every node joins with its own token, `joinConcurrency` at a time; each join is timed. */
+  async join(tokens: ReadonlyMap<string, string>): Promise<JoinOutcome[]> {
+    const outcomes = await mapLimit([...tokens], this.settings.joinConcurrency, async ([node, token]) => {
+      const labNode = this.nodes.get(node);
+      if (labNode === undefined) throw new Error(`${node} is not a node of this lab`);
+      const started = performance.now();
+      try {
+        await join({
+          token,
+          stateDir: labNode.stateDir,
+          labels: { lab: "true" },
+          timeoutMs: this.settings.joinTimeoutMs,
+          storage: labNode.storage,
+        });
+        return { node, ms: performance.now() - started };
+      } catch (error) {
+        return { node, ms: performance.now() - started, error: errorText(error) };
+      }
+    });
+    this.joins = outcomes;
+    return outcomes;
+  }
+
+  /** Starts the agent of every node that joined; returns once each has connected and said alive once. */
+  async start(): Promise<void> {
+    const joined = this.joins.filter((outcome) => outcome.error === undefined).map((outcome) => outcome.node);
+    const opens = new Map<string, OpenNodeBus>();
+    if (this.settings.connections === "shared") {
+      for (let i = 0; i < joined.length; i += this.settings.groupSize) {
+        const group = joined.slice(i, i + this.settings.groupSize);
+        const url = this.brokerUrlOf(group[0]);
+        const connection = await openLabConnection(this.settings.dataDir, url, group);
+        this.connections.push(connection);
+        for (const node of group) opens.set(node, () => Promise.resolve(connection.nodeBus(node)));
+      }
+    }
+    const started: Promise<void>[] = [];
+    for (const node of joined) {
+      const labNode = this.nodes.get(node);
+      if (labNode === undefined) continue;
+      const agent = new Agent({
+        stateDir: labNode.stateDir,
+        root: this.settings.root === undefined ? "/nonexistent" : joinPath(this.settings.root, node, "root"),
+        aliveEveryMs: this.settings.aliveEveryMs,
+        log: this.settings.log,
+        storage: labNode.storage,
+        ...(this.settings.root === undefined ? { applier: new MemoryApplier() } : {}),
+        openBus: opens.get(node) ?? openOwn,
+        ...(this.settings.onEvent === undefined
+          ? {}
+          : { onEvent: (event: AgentEvent) => this.settings.onEvent?.(node, event) }),
+      });
+      labNode.agent = agent;
+      let ready: () => void = () => undefined;
+      started.push(new Promise<void>((resolve) => (ready = resolve)));
+      const run = agent.run(ready).then(
+        () => {
+          if (!this.stopping) this.stopped.push({ node, error: "the connection closed" });
+        },
+        (error: unknown) => {
+          ready();
+          this.stopped.push({ node, error: errorText(error) });
+          this.settings.log.warn("lab.node_stopped", { node, error: errorText(error) });
+        },
+      );
+      this.runs.push(run);
+    }
+    await Promise.all(started);
+  }
+
+  /** Where a joined node's identity says its broker is. */
+  private brokerUrlOf(node: string | undefined): string {
+    const labNode = node === undefined ? undefined : this.nodes.get(node);
+    if (labNode === undefined) throw new Error("no joined node to take the broker's address from");
+    const identity = new HostState(labNode.stateDir, labNode.storage).loadIdentity();
+    if (identity === undefined) throw new Error(`node ${labNode.name} joined but keeps no identity`);
+    return identity.broker.url;
+  }
+
+  status(): LabStatus {
+    const agents = [...this.nodes.values()].flatMap((node) => (node.agent === undefined ? [] : [node.agent]));
+    const stoppedNodes = new Set(this.stopped.map((s) => s.node));
+    let applied = 0;
+    let reporting = 0;
+    const holds = new Map<string, number>();
+    let newest: AppliedDeclaration | undefined;
+    const counts = { alives: 0, reports: 0, refused: 0 };
+    for (const agent of agents) {
+      const status = agent.status();
+      counts.alives += agent.counters.alives;
+      counts.reports += agent.counters.reports;
+      counts.refused += agent.counters.refused;
+      if (!stoppedNodes.has(agent.node) && !status.reportPending) reporting++;
+      if (status.applied === undefined) continue;
+      applied++;
+      const key = `${status.applied.epoch}/${status.applied.sequence}`;
+      holds.set(key, (holds.get(key) ?? 0) + 1);
+      if (
+        newest === undefined ||
+        status.applied.epoch > newest.epoch ||
+        (status.applied.epoch === newest.epoch && status.applied.sequence > newest.sequence)
+      )
+        newest = status.applied;
+    }
+    return {
+      connections: this.settings.connections,
+      nodes: this.names.length,
+      joined: this.joins.filter((j) => j.error === undefined).length,
+      joinFailed: this.joins.filter((j) => j.error !== undefined).length,
+      running: agents.length - stoppedNodes.size,
+      applied,
+      latest:
+        newest === undefined
+          ? null
+          : {
+              epoch: newest.epoch,
+              sequence: newest.sequence,
+              nodes: holds.get(`${newest.epoch}/${newest.sequence}`) ?? 0,
+            },
+      reporting,
+      alivesSent: counts.alives,
+      reportsSent: counts.reports,
+      refused: counts.refused,
+      stopped: [...this.stopped],
+    };
+  }
+
+  /** The agent of a node, once started (the bench watches applies through it). */
+  agentOf(node: string): Agent | undefined {
+    return this.nodes.get(node)?.agent;
+  }
+
+  async stop(): Promise<void> {
+    this.stopping = true;
+    await Promise.all([...this.nodes.values()].map((node) => node.agent?.stop() ?? Promise.resolve()));
+    await Promise.all(this.runs);
+    await Promise.all(this.connections.map((connection) => connection.close()));
+  }
+}
+
+const openOwn: OpenNodeBus = (identity, seed): Promise<NodeBus> =>
+  openNodeSide(identity.broker.url, identity.node, identity.broker.credential, seed);
+
+/** Runs `work` over `items`, at most `limit` at a time, and returns the results in the items' order. */
+export async function mapLimit<T, R>(
+  items: readonly T[],
+  limit: number,
+  work: (item: T) => Promise<R>,
+): Promise<R[]> {
+  const results: R[] = new Array<R>(items.length);
+  let next = 0;
+  const worker = async () => {
+    while (next < items.length) {
+      const index = next++;
+      results[index] = await work(items[index] as T);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+  return results;
+}

@@ -1,0 +1,134 @@
+/**
+ * `mesh lab` against `mesh serve` on an operator's nats-server: every simulated node joins with its own token,
+ * applies what is declared to it and reports, on its own connection and on shared lab connections alike.
+ */
+import assert from "node:assert/strict";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
+import { mesh } from "../support/cli.js";
+import type { OperatorBroker } from "../support/operator-broker.js";
+import { startOperatorBroker } from "../support/operator-broker.js";
+import type { Running } from "../support/processes.js";
+import { eventually, startBin } from "../support/processes.js";
+import { tempDir } from "../support/tmp.js";
+
+interface Shown {
+  declaration: { sequence: number } | null;
+  account: { outcome: string; sequence: number | null } | null;
+}
+interface Listed {
+  name: string;
+  state: string;
+  liveness: string;
+}
+
+describe("mesh lab", () => {
+  const dir = tempDir("mesh-lab-");
+  const data = join(dir.path, "data");
+  let broker: OperatorBroker;
+  let serve: Running;
+  const labs: Running[] = [];
+  const cli = (args: string[]) => mesh(["--data", data, ...args]);
+
+  before(async () => {
+    broker = await startOperatorBroker(data, dir.path);
+    serve = startBin("mesh", ["--data", data, "serve", "--broker", broker.url]);
+    await eventually("serve to start", () => (/control\.serving/.test(serve.stderr()) ? true : undefined));
+  });
+  after(async () => {
+    for (const lab of labs) await lab.stop("SIGTERM");
+    await serve.stop();
+    await broker.stop();
+    dir.remove();
+  });
+
+  /** Declares one file to each node, a few `mesh declare` at a time. */
+  async function declareTo(nodes: readonly string[]): Promise<void> {
+    const file = join(dir.path, "lab.yaml");
+    writeFileSync(file, "files:\n  - path: /etc/lab\n    content: from the mesh\n");
+    for (let i = 0; i < nodes.length; i += 5) {
+      const runs = await Promise.all(nodes.slice(i, i + 5).map((node) => cli(["declare", node, "-f", file])));
+      for (const run of runs) assert.equal(run.code, 0, run.stderr);
+    }
+  }
+
+  async function everyNodeApplied(nodes: readonly string[]): Promise<void> {
+    for (const node of nodes) {
+      const shown = await eventually(`${node} to report applied`, async () => {
+        const s = JSON.parse((await cli(["node", "show", node, "--json"])).stdout) as Shown;
+        return s.account?.outcome === "applied" && s.account.sequence === s.declaration?.sequence
+          ? s
+          : undefined;
+      });
+      assert.equal(shown.account?.outcome, "applied", node);
+    }
+  }
+
+  test("lab — 20 nodes on their own connections join, apply what is declared to each, report and stay here", async () => {
+    const lab = startBin("mesh", [
+      "--data",
+      data,
+      "lab",
+      "--nodes",
+      "20",
+      "--alive-every",
+      "300ms",
+      "--summary-every",
+      "300ms",
+    ]);
+    labs.push(lab);
+    await eventually(
+      "the lab's nodes to join",
+      () => (/joined 20\/20/.test(lab.stdout()) ? true : undefined),
+      60_000,
+    );
+    assert.match(lab.stdout(), /lab: 20 nodes, one broker connection per node/);
+    const nodes = Array.from({ length: 20 }, (_, i) => `lab-${String(i + 1).padStart(2, "0")}`);
+    await declareTo(nodes);
+    await everyNodeApplied(nodes);
+    await eventually("the lab to count every node applied and reporting", () =>
+      /20 applied \(20 hold epoch \d+ sequence 1\), 20 reporting/.test(lab.stdout()) ? true : undefined,
+    );
+    const listed = JSON.parse((await cli(["node", "list", "--json"])).stdout) as Listed[];
+    const labNodes = listed.filter((n) => n.name.startsWith("lab-"));
+    assert.equal(labNodes.length, 20);
+    for (const node of labNodes)
+      assert.deepEqual([node.state, node.liveness], ["enrolled", "here"], node.name);
+
+    assert.equal(await lab.stop("SIGTERM"), 0, lab.stderr());
+    assert.match(lab.stdout(), /stopped \(SIGTERM\)\. lab: 20\/20 joined/);
+  });
+
+  test("lab — nodes sharing connections on the lab identity apply and report the same way", async () => {
+    const lab = startBin("mesh", [
+      "--data",
+      data,
+      "lab",
+      "--nodes",
+      "9",
+      "--prefix",
+      "shared",
+      "--connections",
+      "shared",
+      "--group-size",
+      "4",
+      "--alive-every",
+      "300ms",
+      "--summary-every",
+      "300ms",
+    ]);
+    labs.push(lab);
+    await eventually(
+      "the lab's nodes to join",
+      () => (/joined 9\/9/.test(lab.stdout()) ? true : undefined),
+      60_000,
+    );
+    assert.match(lab.stdout(), /9 nodes sharing 3 broker connection\(s\), 4 nodes each/);
+    const nodes = Array.from({ length: 9 }, (_, i) => `shared-${i + 1}`);
+    await declareTo(nodes);
+    await everyNodeApplied(nodes);
+    assert.equal(await lab.stop("SIGINT"), 0, lab.stderr());
+    assert.match(lab.stdout(), /9 applied \(9 hold epoch \d+ sequence 1\)/);
+  });
+});

@@ -1,0 +1,52 @@
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import { BenchUsageError, parseBenchArgs } from "../../bench/args.js";
+import { formatFigureTable, formatNumber, ratioOf } from "../../bench/table.js";
+
+describe("bench arguments and table", () => {
+  test("bench args — defaults: 1,000 nodes, every part, failover shortened inside the table", () => {
+    const options = parseBenchArgs([]);
+    assert.equal(options.nodes, 1000);
+    assert.deepEqual(options.parts, ["enrolment", "steady", "fanout", "convergence", "ingest", "failover"]);
+    assert.equal(options.failover.shortened, true);
+    assert.equal(options.failover.trials, 3);
+    assert.equal(options.joinConcurrency, 20);
+  });
+
+  test("bench args — --only keeps the table's order; failover alone runs its full trials", () => {
+    assert.deepEqual(parseBenchArgs(["--only", "ingest,fanout"]).parts, ["fanout", "ingest"]);
+    const alone = parseBenchArgs(["--only", "failover"]);
+    assert.equal(alone.failover.shortened, false);
+    assert.deepEqual([alone.failover.trials, alone.failover.ttl], [10, "15s"]);
+    assert.equal(parseBenchArgs(["--trials", "5"]).failover.trials, 5);
+    assert.equal(parseBenchArgs(["--nodes", "10000"]).nodes, 10000);
+  });
+
+  test("bench args — bad values are refused with the flag's name", () => {
+    assert.throws(() => parseBenchArgs(["--only", "ingest,speed"]), BenchUsageError);
+    assert.throws(() => parseBenchArgs(["--nodes", "0"]), /--nodes: "0"/);
+    assert.throws(() => parseBenchArgs(["--nodes", "ten"]), /--nodes: "ten"/);
+    assert.throws(() => parseBenchArgs(["--bogus"]), BenchUsageError);
+  });
+
+  test("bench table — each figure beside its baseline with their ratio", () => {
+    assert.equal(formatNumber(12345.678), "12,346");
+    assert.equal(formatNumber(12.345), "12.3");
+    assert.equal(formatNumber(0.12345), "0.123");
+    const figure = {
+      part: "ingest",
+      what: "rate",
+      value: 500,
+      unit: "msg/s",
+      baseline: { value: 1000, what: "raw" },
+    };
+    assert.equal(ratioOf(figure), "0.50×");
+    assert.equal(ratioOf({ ...figure, baseline: undefined }), "");
+    const table = formatFigureTable([figure, { part: "steady", what: "RSS", value: 80, unit: "MiB" }]);
+    const lines = table.trimEnd().split("\n");
+    assert.equal(lines.length, 3);
+    assert.match(lines[0] ?? "", /^PART\s+FIGURE\s+VALUE\s+BASELINE\s+RATIO\s+TARGET\s+NOTE$/);
+    assert.match(lines[1] ?? "", /ingest\s+rate\s+500 msg\/s\s+1,000 msg\/s \(raw\)\s+0\.50×/);
+    assert.match(lines[2] ?? "", /steady\s+RSS\s+80 MiB$/);
+  });
+});
