@@ -13,7 +13,7 @@ import { join } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { connect, jwtAuthenticator } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { openControlSide, openIdentities } from "../src/bus/index.js";
+import { openControlSide, openIdentities, openNatsIdentities } from "../src/bus/index.js";
 import { openLabConnection } from "../src/bus/lab.js";
 import { connectNats } from "../src/bus/nats/connect.js";
 import { parseDuration } from "../src/config/duration.js";
@@ -146,7 +146,7 @@ async function benchMesh(): Promise<void> {
   });
   try {
     // Enrolment: tokens issued beforehand (as `mesh token issue` does), then every node joins at once.
-    const identities = openIdentities(data, broker.url);
+    const identities = openIdentities(data, { url: broker.url });
     let started = performance.now();
     const tokens = await lab.issueTokens(store, identities, signing.fingerprint, 3_600_000);
     await identities.close();
@@ -223,9 +223,9 @@ async function benchMesh(): Promise<void> {
 
     const sent = new Map<string, SentDeclaration>();
     if (has("fanout") || has("convergence") || has("ingest")) {
-      const side = await openControlSide(data, broker.url, log, { longLived: false });
+      const side = await openControlSide(data, { url: broker.url }, log, { longLived: false });
       try {
-        const current = await (await side.lease(meshOptions.lease.ttlMs)).read();
+        const current = await (await side.lease(meshOptions.lease.ttlMs, store)).read();
         if (current === undefined) throw new Error("nobody holds the lease: is serve running?");
         const epoch = epochOf(current);
         const files = [{ path: "/etc/bench", content: "declared by the benchmark\n" }];
@@ -351,7 +351,7 @@ async function benchMesh(): Promise<void> {
 }
 
 async function controlConnection(data: string, url: string): Promise<NatsConnection> {
-  const identities = openIdentities(data, url);
+  const identities = openNatsIdentities(data, url);
   const control = await identities.controlIdentity();
   await identities.close();
   return connect({

@@ -358,7 +358,10 @@ for (const { name, open: openTransport } of transports) {
       };
       const mismatches: string[] = [];
       let checked = 0;
-      for (const role of roles) {
+      // The lab's shared identity exists on NATS only (RabbitMQ names a sender by its one user): `mesh lab` refuses
+      // shared connections on RabbitMQ, so there is no such account there to probe.
+      const rolesHere = transport.name === "nats" ? roles : roles.filter((role) => role !== "lab");
+      for (const role of rolesHere) {
         const probe = await transport.probe(role, own);
         try {
           for (const kind of publishedKinds) {
@@ -391,7 +394,7 @@ for (const { name, open: openTransport } of transports) {
         }
       }
       assert.deepEqual(mismatches, []);
-      assert.equal(checked, roles.length * (publishedKinds.length + places.length) * 2);
+      assert.equal(checked, rolesHere.length * (publishedKinds.length + places.length) * 2);
       // What the writers table grants a role for its own node, the broker grants too; nothing for another node.
       for (const role of ["token", "node"] as const) {
         assert.equal(expectedRead(role, role === "token" ? "node_replies" : "node_queue", own), true, role);

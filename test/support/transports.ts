@@ -22,7 +22,7 @@ import type {
 } from "../../src/bus/index.js";
 import { openControlSide, openIdentities, openNatsIdentities, openNodeSide } from "../../src/bus/index.js";
 import type { AmqpBrokerIdentities } from "../../src/bus/index.js";
-import { fastSigner, loadOrCreateAuthority, newUserKey } from "../../src/bus/nats/authority.js";
+import { fastSigner, loadOrCreateAuthority, newUserKey, userJwt } from "../../src/bus/nats/authority.js";
 import { aliveStream, controlStream } from "../../src/bus/nats/control-bus.js";
 import type { Place, PublishedKind, Role } from "../../src/link/index.js";
 import { controlQueue, inboxPrefix, meshExchange, nodeQueue } from "../../src/link/index.js";
@@ -212,6 +212,16 @@ export async function natsTransport(): Promise<Transport> {
         const token = await transport.tokenFor(own);
         if (token.credential.type !== "nats") throw new Error("not a NATS token");
         nc = await connectWith(token.credential.jwt, token.credential.seed, own);
+      } else if (role === "lab") {
+        // A lab connection's identity, for a group of one: the lab's own minting, from the writers table.
+        const key = newUserKey();
+        const jwt = await userJwt(authority, {
+          name: "lab",
+          userPublicKey: key.publicKey,
+          role,
+          node: [own],
+        });
+        nc = await connectWith(jwt, key.seed);
       } else {
         const node = await transport.nodeFor(own);
         if (node.credential.type !== "nats" || node.seed === undefined) throw new Error("not a NATS node");
@@ -417,6 +427,7 @@ export async function amqpTransport(): Promise<Transport> {
     async probe(role, own) {
       let connection: ChannelModel;
       let user: string;
+      if (role === "lab") throw new Error("the lab role shares connections on NATS only");
       if (role === "control") {
         const credential = await identities.controlCredential();
         connection = await connectAs(credential.username, credential.password);
