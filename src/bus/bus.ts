@@ -43,6 +43,8 @@ export interface ControlBus {
   consumeControl(handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>): Promise<void>;
   /** Sends a signed declaration envelope straight to the node's own queue. */
   publishDeclaration(node: string, envelope: Uint8Array): Promise<void>;
+  /** Sends many, each to its node's queue, waiting for the broker once for all of them. */
+  publishDeclarations(batch: readonly { node: string; envelope: Uint8Array }[]): Promise<void>;
   /** Tells a node its report was taken, so it stops sending it again. */
   publishReceipt(node: string, receipt: Uint8Array): Promise<void>;
   /** Announces a decision on `mesh.event.<kind>`. */

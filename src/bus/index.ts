@@ -54,8 +54,11 @@ export interface ControlSide {
 
 /** Broker identities as the control plane uses them, whichever the broker. */
 export interface ControlIdentities extends BrokerIdentities {
-  /** Deletes the accounts of tokens no longer valid (RabbitMQ); NATS tokens expire by themselves. Returns how many. */
-  sweepTokens(valid: ReadonlySet<string>): Promise<number>;
+  /**
+   * Deletes the accounts of tokens not in `keep` (token ids) on RabbitMQ; NATS tokens expire by themselves. Returns
+   * how many.
+   */
+  sweepTokens(keep: ReadonlySet<string>): Promise<number>;
   /** Removes what the broker keeps for a retired node (its RabbitMQ queue). */
   forget(node: string): Promise<void>;
 }
@@ -206,6 +209,7 @@ export type { NatsBrokerIdentities } from "./nats/identities.js";
 export type { AmqpBrokerIdentities } from "./amqp/identities.js";
 export { parseAmqpUrl } from "./amqp/link.js";
 export { RabbitManagement } from "./amqp/management.js";
+export { tokenGraceMs } from "./amqp/identities.js";
 
 /** What a nats-server needs to serve this mesh: operator, system account, accounts to preload. */
 export async function brokerConfigFragment(

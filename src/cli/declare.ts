@@ -3,7 +3,7 @@ import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
 import type { Command } from "commander";
-import { declare, parseDeclarationFile } from "../control/declarations.js";
+import { declareMany, parseDeclarationFile } from "../control/declarations.js";
 import { MeshError, UsageError } from "../errors.js";
 import { nodeNameProblem } from "../link/index.js";
 import { createLogger } from "../log.js";
@@ -19,13 +19,18 @@ export function registerDeclareCommand(program: Command): void {
     .description(
       "declare what a node should hold: files, from YAML or JSON {files: [{path, content, mode?}]}",
     )
-    .argument("<node>", "the node's name")
+    .argument("[nodes...]", "the nodes' names (one or more)")
     .requiredOption("-f, --file <file>", "the declaration file (YAML or JSON)")
-    .option("--json", 'print {"node","sequence","epoch"}')
-    .action(async (node: string, flags: { file: string }, command: Command) => {
+    .option("--all", "every enrolled node")
+    .option("--json", 'print {"node","sequence","epoch"} (for several nodes, a list of them)')
+    .action(async (nodes: string[], flags: { file: string; all?: boolean }, command: Command) => {
       const globals = command.optsWithGlobals<GlobalFlags>();
-      const problem = nodeNameProblem(node);
-      if (problem !== undefined) throw new UsageError(`"${node}" is not a node name`);
+      if (flags.all === true && nodes.length > 0) throw new UsageError("give node names or --all, not both");
+      if (flags.all !== true && nodes.length === 0)
+        throw new UsageError("name a node (or several), or give --all");
+      for (const node of nodes) {
+        if (nodeNameProblem(node) !== undefined) throw new UsageError(`"${node}" is not a node name`);
+      }
       let text: string;
       try {
         text = readFileSync(flags.file, "utf8");
@@ -71,16 +76,33 @@ export function registerDeclareCommand(program: Command): void {
           epoch = own.epoch;
         }
         try {
-          return await declare({ store, signing, bus: side.bus, now: () => new Date() }, node, files, epoch);
+          const targets =
+            flags.all === true
+              ? (await store.nodes.list())
+                  .filter((node) => node.state === "enrolled")
+                  .map((node) => node.name)
+              : nodes;
+          if (targets.length === 0)
+            throw new MeshError("no_nodes", "no node is enrolled: nothing was declared");
+          return await declareMany(
+            { store, signing, bus: side.bus, now: () => new Date() },
+            targets,
+            files,
+            epoch,
+          );
         } finally {
           await own?.release();
         }
       }).finally(() => side.close());
       const out = stdoutOutput(globals.json === true);
-      if (out.json) out.document({ node: sent.node, sequence: sent.sequence, epoch: sent.epoch });
-      else
-        out.line(
-          `declared ${sent.node}: sequence ${sent.sequence}, epoch ${sent.epoch}, ${files.length} file(s)`,
-        );
+      const shown = sent.map(({ node, sequence, epoch }) => ({ node, sequence, epoch }));
+      const [only] = shown;
+      if (out.json) {
+        out.document(shown.length === 1 && flags.all !== true && only !== undefined ? only : shown);
+        return;
+      }
+      for (const { node, sequence, epoch } of shown) {
+        out.line(`declared ${node}: sequence ${sequence}, epoch ${epoch}, ${files.length} file(s)`);
+      }
     });
 }

@@ -52,7 +52,9 @@ export function registerLabCommand(program: Command): void {
         out.json ? out.line(JSON.stringify(document)) : out.line(text);
 
       const broker: BrokerIdentities | undefined =
-        flags.broker !== undefined ? openIdentities(options.dataDir, { url: flags.broker, rabbitmqApi: options.rabbitmqApi }) : recordedBroker(options);
+        flags.broker !== undefined
+          ? openIdentities(options.dataDir, { url: flags.broker, rabbitmqApi: options.rabbitmqApi })
+          : recordedBroker(options);
       if (broker === undefined) {
         throw new MeshError(
           "no_broker",

@@ -61,10 +61,39 @@ export async function declare(
   files: readonly DeclaredFile[],
   epoch: number,
 ): Promise<SentDeclaration> {
+  const [sent] = await declareMany(context, [node], files, epoch);
+  if (sent === undefined) throw new MeshError("internal", `nothing was declared for ${node}`);
+  return sent;
+}
+
+/**
+ * Declares the same files to many nodes at once: every node checked first (an unknown or retired one refuses the
+ * whole batch, so nothing is half done), sequences allocated and declarations recorded in one transaction each,
+ * every envelope signed over its own bytes, and all of them sent with one wait for the broker.
+ */
+export async function declareMany(
+  context: DeclareContext,
+  nodes: readonly string[],
+  files: readonly DeclaredFile[],
+  epoch: number,
+): Promise<SentDeclaration[]> {
   const { store } = context;
-  const record = await store.nodes.get(node);
-  if (record === undefined) throw new MeshError("node_unknown", `no node named ${node}`);
-  if (record.state === "retired") throw new MeshError("node_retired", `node ${node} is retired`);
+  const names = [...new Set(nodes)];
+  // A few nodes are read one by one; a fleet at once.
+  const records =
+    names.length <= 16
+      ? await Promise.all(names.map((name) => store.nodes.get(name)))
+      : await store.nodes.list();
+  const known = new Map(records.flatMap((record) => (record === undefined ? [] : [[record.name, record]])));
+  const unknown = names.filter((name) => known.get(name) === undefined);
+  if (unknown.length > 0) throw new MeshError("node_unknown", `no node named ${unknown.join(", ")}`);
+  const retired = names.filter((name) => known.get(name)?.state === "retired");
+  if (retired.length > 0) {
+    throw new MeshError(
+      "node_retired",
+      retired.length === 1 ? `node ${retired.join("")} is retired` : `retired: ${retired.join(", ")}`,
+    );
+  }
   const items = files.map((file) => ({
     id: `file:${file.path}`,
     type: "file" as const,
@@ -72,39 +101,49 @@ export async function declare(
     content: file.content,
     ...(file.mode === undefined ? {} : { mode: file.mode }),
   }));
-  const sequence = await store.nodes.nextDeclarationSequence(node);
+  const digest = itemsDigest(items);
+  const sequences = await store.nodes.nextDeclarationSequences(names);
   const issuedAt = context.now().toISOString();
-  const declaration = parseDeclaration({
-    kind: "declaration",
-    node,
-    epoch,
-    sequence,
-    issued_at: issuedAt,
-    items,
-    digest: itemsDigest(items),
+  const composed = names.map((node) => {
+    const sequence = sequences.get(node);
+    if (sequence === undefined) throw new MeshError("internal", `no sequence was allocated for ${node}`);
+    const declaration = parseDeclaration({
+      kind: "declaration",
+      node,
+      epoch,
+      sequence,
+      issued_at: issuedAt,
+      items,
+      digest,
+    });
+    // The signature covers these bytes exactly; the node verifies them before it parses anything.
+    const bytes = encodeMessage(declaration);
+    const envelope = encodeMessage(
+      sealDeclaration(bytes, context.signing.privateKey, context.signing.fingerprint),
+    );
+    return { node, sequence, envelope };
   });
-  // The signature covers these bytes exactly; the node verifies them before it parses anything.
-  const bytes = encodeMessage(declaration);
-  const envelope = encodeMessage(
-    sealDeclaration(bytes, context.signing.privateKey, context.signing.fingerprint),
+  await store.declarations.recordMany(
+    composed.map(({ node, sequence, envelope }) => ({
+      node,
+      sequence,
+      epoch,
+      issuedAt,
+      digest,
+      envelope: new TextDecoder().decode(envelope),
+    })),
   );
-  await store.declarations.record({
-    node,
-    sequence,
-    epoch,
-    issuedAt,
-    digest: declaration.digest,
-    envelope: new TextDecoder().decode(envelope),
-  });
-  await context.bus.publishDeclaration(node, envelope);
-  await store.events.record({
-    at: issuedAt,
-    kind: "declaration.sent",
-    node,
-    epoch,
-    detail: { sequence, digest: declaration.digest, items: items.length },
-  });
-  return { node, sequence, epoch, digest: declaration.digest };
+  await context.bus.publishDeclarations(composed.map(({ node, envelope }) => ({ node, envelope })));
+  await store.events.recordMany(
+    composed.map(({ node, sequence }) => ({
+      at: issuedAt,
+      kind: "declaration.sent",
+      node,
+      epoch,
+      detail: { sequence, digest, items: items.length },
+    })),
+  );
+  return composed.map(({ node, sequence }) => ({ node, sequence, epoch, digest }));
 }
 
 /** Sends the node its latest declaration again, exactly as it was signed. Returns whether there was one. */

@@ -52,6 +52,16 @@ export async function answerEnrolment(
     return refuse(`enrolment refused: ${error.reason}`);
   }
 
+  // The broker vouches for the node it routed the question from (the subject, or the token account's user_id);
+  // a question naming another node comes from a token string that was changed. Nothing is spent for it.
+  if (enrol.node !== request.node) {
+    log.warn("enrol.token_refused", {
+      node: request.node,
+      reason: `the question names node ${enrol.node}, the broker says it comes from ${request.node}'s token`,
+    });
+    return refuse(TokenRefused.text);
+  }
+
   let token;
   try {
     token = await spendToken(store, { id: enrol.token_id, secret: enrol.secret, node: request.node }, now);

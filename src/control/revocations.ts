@@ -33,15 +33,18 @@ export function brokerUserOf(credential: string): string {
   return parsed.user;
 }
 
-/** The broker users of tokens that may still be spent: every other token account can go. */
-export async function validTokenUsers(store: Store, now: Date): Promise<Set<string>> {
-  const valid = new Set<string>();
+/**
+ * The tokens whose broker accounts stay: every valid one, and those that ended within `graceMs` (the joiner may
+ * still be reading its reply). By token id.
+ */
+export async function tokensToKeep(store: Store, now: Date, graceMs: number): Promise<Set<string>> {
+  const keep = new Set<string>();
+  const graceStart = new Date(now.getTime() - graceMs).toISOString();
   for (const token of await store.tokens.list()) {
-    if (token.brokerCredential !== null && tokenStatus(token, now) === "valid") {
-      valid.add(brokerUserOf(token.brokerCredential));
-    }
+    const ended = token.spentAt ?? token.revokedAt;
+    if (tokenStatus(token, now) === "valid" || (ended !== null && ended >= graceStart)) keep.add(token.id);
   }
-  return valid;
+  return keep;
 }
 
 /** Nodes that were retired: what the broker kept for them (a RabbitMQ queue) goes. */

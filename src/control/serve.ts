@@ -7,6 +7,7 @@ import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
 import { join } from "node:path";
 import type { BrokerAccess } from "../bus/index.js";
+import { tokenGraceMs } from "../bus/index.js";
 import { openControlSide } from "../bus/index.js";
 import type { MeshOptions } from "../config/options.js";
 import { MeshError } from "../errors.js";
@@ -21,7 +22,7 @@ import { answerEnrolment } from "./enrolment.js";
 import { Ingest } from "./ingest.js";
 import { LivenessWatch } from "./liveness-watch.js";
 import { Metrics } from "./metrics.js";
-import { currentRevocations, retiredNodes, validTokenUsers } from "./revocations.js";
+import { currentRevocations, retiredNodes, tokensToKeep } from "./revocations.js";
 
 export interface ServeSettings {
   options: MeshOptions;
@@ -218,9 +219,9 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       await side.identities.revoke(await currentRevocations(store, now()));
       for (const node of await retiredNodes(store)) await side.identities.forget(node);
     };
-    // Token accounts that can no longer be spent (spent, revoked, expired) are deleted, now and every minute.
+    // Token accounts that can no longer be spent (spent, revoked, expired) are deleted, now and every 15 s.
     const sweepTokens = async () => {
-      const swept = await side.identities.sweepTokens(await validTokenUsers(store, now()));
+      const swept = await side.identities.sweepTokens(await tokensToKeep(store, now(), tokenGraceMs));
       if (swept > 0) log.info("tokens.swept", { accounts_deleted: swept });
     };
     await sweepTokens();
@@ -265,7 +266,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       }, everyMs);
     timers.push(
       repeat("last_seen.flush", settings.flushEveryMs ?? 1000, () => running.flush()),
-      repeat("tokens.sweep", 60_000, sweepTokens),
+      repeat("tokens.sweep", 15_000, sweepTokens),
       // Checked often enough that a crossing is seen within a quarter of the threshold (at most every 5 s).
       repeat(
         "liveness.check",

@@ -19,32 +19,39 @@ export class DeclarationQueries {
 
   /** Records a declaration and drops the ones that fell out of the node's bounded history. */
   async record(declaration: DeclarationRecord): Promise<void> {
+    await this.recordMany([declaration]);
+  }
+
+  /** Records declarations of many nodes in one transaction, each node's history bounded as for one. */
+  async recordMany(declarations: readonly DeclarationRecord[]): Promise<void> {
     await this.db.transaction().execute(async (trx) => {
-      await trx
-        .insertInto("declarations")
-        .values({
-          node: declaration.node,
-          sequence: declaration.sequence,
-          epoch: declaration.epoch,
-          issued_at: declaration.issuedAt,
-          digest: declaration.digest,
-          envelope: declaration.envelope,
-        })
-        .execute();
-      const oldestKept = await trx
-        .selectFrom("declarations")
-        .select("sequence")
-        .where("node", "=", declaration.node)
-        .orderBy("sequence", "desc")
-        .limit(1)
-        .offset(this.historyLimit - 1)
-        .executeTakeFirst();
-      if (oldestKept !== undefined) {
+      for (const declaration of declarations) {
         await trx
-          .deleteFrom("declarations")
-          .where("node", "=", declaration.node)
-          .where("sequence", "<", oldestKept.sequence)
+          .insertInto("declarations")
+          .values({
+            node: declaration.node,
+            sequence: declaration.sequence,
+            epoch: declaration.epoch,
+            issued_at: declaration.issuedAt,
+            digest: declaration.digest,
+            envelope: declaration.envelope,
+          })
           .execute();
+        const oldestKept = await trx
+          .selectFrom("declarations")
+          .select("sequence")
+          .where("node", "=", declaration.node)
+          .orderBy("sequence", "desc")
+          .limit(1)
+          .offset(this.historyLimit - 1)
+          .executeTakeFirst();
+        if (oldestKept !== undefined) {
+          await trx
+            .deleteFrom("declarations")
+            .where("node", "=", declaration.node)
+            .where("sequence", "<", oldestKept.sequence)
+            .execute();
+        }
       }
     });
   }

@@ -18,16 +18,29 @@ export class EventQueries {
   constructor(private readonly db: Kysely<Database>) {}
 
   async record(event: MeshEvent): Promise<void> {
-    await this.db
-      .insertInto("events")
-      .values({
-        at: event.at,
-        kind: event.kind,
-        node: event.node,
-        epoch: event.epoch,
-        detail: JSON.stringify(event.detail),
-      })
-      .execute();
+    await this.recordMany([event]);
+  }
+
+  /** Records events in one statement. */
+  async recordMany(events: readonly MeshEvent[]): Promise<void> {
+    if (events.length === 0) return;
+    await this.db.transaction().execute(async (trx) => {
+      // In slices: one statement may bind only so many values.
+      for (let start = 0; start < events.length; start += 500) {
+        await trx
+          .insertInto("events")
+          .values(
+            events.slice(start, start + 500).map((event) => ({
+              at: event.at,
+              kind: event.kind,
+              node: event.node,
+              epoch: event.epoch,
+              detail: JSON.stringify(event.detail),
+            })),
+          )
+          .execute();
+      }
+    });
   }
 
   /** The newest `limit` events, oldest first, optionally of one node. */

@@ -87,6 +87,24 @@ export class NodeQueries {
   }
 
   /** Hands out the node's next declaration sequence atomically: concurrent callers never get the same one. */
+  /** The next declaration sequence of each node, allocated in one transaction (every node must exist). */
+  async nextDeclarationSequences(names: readonly string[]): Promise<Map<string, number>> {
+    return this.db.transaction().execute(async (trx) => {
+      const sequences = new Map<string, number>();
+      for (const name of names) {
+        const row = await trx
+          .updateTable("nodes")
+          .set((eb) => ({ declaration_sequence: eb("declaration_sequence", "+", 1) }))
+          .where("name", "=", name)
+          .returning("declaration_sequence")
+          .executeTakeFirst();
+        if (row === undefined) throw new MeshError("node_unknown", `no node named ${name}`);
+        sequences.set(name, row.declaration_sequence);
+      }
+      return sequences;
+    });
+  }
+
   async nextDeclarationSequence(name: string): Promise<number> {
     const row = await this.db
       .updateTable("nodes")

@@ -27,6 +27,18 @@ describe("bad usage exits 2 with one clear line and writes nothing", () => {
     ["a malformed token id", ["token", "revoke", "12345"], /"12345" is not a token id/],
     ["a bad store URL", ["--store", "mysql://db", "node", "list"], /neither sqlite:PATH nor postgres/],
     ["a bad threshold", ["--out-of-touch-after", "soon", "node", "list"], /--out-of-touch-after: "soon"/],
+    ["a declaration for nobody", ["declare", "-f", "x.yaml"], /name a node \(or several\), or give --all/],
+    [
+      "node names and --all",
+      ["declare", "web-1", "--all", "-f", "x.yaml"],
+      /give node names or --all, not both/,
+    ],
+    ["a bad name among several", ["declare", "web-1", "Web_2", "-f", "x.yaml"], /"Web_2" is not a node name/],
+    [
+      "metrics on no address",
+      ["serve", "--broker", "nats://127.0.0.1:1", "--metrics", "9464"],
+      /--metrics: "9464" is not HOST:PORT/,
+    ],
   ];
 
   for (const [what, args, expected] of cases) {

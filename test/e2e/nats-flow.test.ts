@@ -31,6 +31,7 @@ interface Shown {
   account: {
     outcome: string;
     reason: string | null;
+    sequence: number | null;
     report_sequence: number | null;
     received_at: string;
     items: Array<{ id: string; state: string }>;
@@ -165,6 +166,35 @@ describe("the mesh end to end over NATS", () => {
     );
     assert.equal(up.stderr().match(/node\.out_of_touch[^\n]*web-2/g)?.length, 1, "logged once going out");
     assert.equal(up.stderr().match(/node\.back_in_touch[^\n]*web-2/g)?.length, 1, "logged once coming back");
+  });
+
+  test("declarations — `declare --all` reaches every enrolled node in one batch, each signed for its node", async () => {
+    const file = join(dir.path, "everyone.yaml");
+    writeFileSync(file, "files:\n  - path: /etc/everyone\n    content: all of you\n");
+    const run = await cli(["declare", "--all", "-f", file, "--json"]);
+    assert.equal(run.code, 0, run.stderr);
+    const sent = JSON.parse(run.stdout) as { node: string; sequence: number; epoch: number }[];
+    assert.deepEqual(sent.map((one) => one.node).sort(), ["web-1", "web-2"]);
+    for (const root of [join(dir.path, "root-1"), join(dir.path, "root-2")]) {
+      const written = join(root, "etc", "everyone");
+      await eventually(`${written} to be written`, () => (existsSync(written) ? true : undefined));
+      assert.equal(readFileSync(written, "utf8"), "all of you");
+    }
+    for (const one of sent) {
+      const shown = await eventually(`${one.node} to report it`, async () => {
+        const s = await show(one.node);
+        return s.account?.sequence === one.sequence && s.account.outcome === "applied" ? s : undefined;
+      });
+      assert.equal(shown.declaration?.sequence, one.sequence);
+    }
+    // Several names at once take the same path; an unknown one refuses the whole batch.
+    const refused = await cli(["declare", "web-1", "no-such-node", "-f", file]);
+    assert.equal(refused.code, 1);
+    assert.match(refused.stderr, /no node named no-such-node/);
+    assert.equal(
+      (await show("web-1")).declaration?.sequence,
+      sent.find((one) => one.node === "web-1")?.sequence,
+    );
   });
 
   test("enrolment — reused, expired, unknown and other-node tokens are refused with the same line, promptly", async () => {

@@ -45,3 +45,21 @@ export async function scratchVhost(): Promise<ScratchVhost> {
     },
   };
 }
+
+/** One GET on the management API as the administrator, for what RabbitManagement does not read (queue arguments). */
+export async function managementGet<T>(path: string): Promise<{ status: number; body: T | undefined }> {
+  const url = new URL(rabbitApiUrl);
+  const authorization = `Basic ${Buffer.from(
+    `${decodeURIComponent(url.username)}:${decodeURIComponent(url.password)}`,
+  ).toString("base64")}`;
+  const response = await fetch(`${url.origin}/api${path}`, {
+    headers: { authorization },
+    signal: AbortSignal.timeout(10_000),
+  });
+  if (response.status === 404) {
+    await response.arrayBuffer();
+    return { status: 404, body: undefined };
+  }
+  if (!response.ok) throw new Error(`GET /api${path}: ${response.status} ${await response.text()}`);
+  return { status: response.status, body: (await response.json()) as T };
+}

@@ -178,6 +178,11 @@ export class AmqpControlBus implements ControlBus {
     await this.toNode(node, "declaration", envelope);
   }
 
+  async publishDeclarations(batch: readonly { node: string; envelope: Uint8Array }[]): Promise<void> {
+    // All in flight at once on the confirm channel; each is confirmed (or refused) by the broker.
+    await Promise.all(batch.map(({ node, envelope }) => this.toNode(node, "declaration", envelope)));
+  }
+
   async publishReceipt(node: string, receipt: Uint8Array): Promise<void> {
     await this.toNode(node, "receipt", receipt);
   }

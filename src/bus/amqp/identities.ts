@@ -14,6 +14,9 @@ import type { AmqpAddress } from "./link.js";
 import type { RabbitManagement } from "./management.js";
 import { MeshUsers } from "./users.js";
 
+/** How long a token's account outlives the token's end, for the joiner to read its reply. */
+export const tokenGraceMs = 10_000;
+
 export class AmqpBrokerIdentities implements BrokerIdentities {
   readonly users: MeshUsers;
 
@@ -57,20 +60,32 @@ export class AmqpBrokerIdentities implements BrokerIdentities {
     return { user, credential: { type: "amqp", username: user, password } };
   }
 
-  /** Deletes every listed account that still exists; deleting closes its connections at once. */
-  async revoke(revoked: ReadonlyMap<string, Date>): Promise<void> {
+  /**
+   * Deletes every listed account that still exists; deleting closes its connections at once. A token's account
+   * is left for a short grace after it ended: the joiner is still reading its enrol reply on that account's
+   * connection, and closing it would lose the reply. The token sweep deletes it after the grace.
+   */
+  async revoke(revoked: ReadonlyMap<string, Date>, now = new Date()): Promise<void> {
     if (revoked.size === 0) return;
     for (const user of await this.management.users()) {
-      if (revoked.has(user)) await this.management.deleteUser(user);
+      const since = revoked.get(user);
+      if (since === undefined) continue;
+      if (this.users.tokenIdOf(user) !== undefined && now.getTime() - since.getTime() < tokenGraceMs)
+        continue;
+      await this.management.deleteUser(user);
     }
   }
 
-  /** Deletes the account of every token not in `valid` (spent, revoked or expired). Returns how many. */
-  async sweepTokens(valid: ReadonlySet<string>): Promise<number> {
+  /**
+   * Deletes the account of every token of this mesh not in `keep` (token ids: the valid ones, and those that ended
+   * within the grace). Returns how many. Keyed by token id, which is stored before the account is made, so a token
+   * issued during a sweep keeps its account.
+   */
+  async sweepTokens(keep: ReadonlySet<string>): Promise<number> {
     let swept = 0;
     for (const user of await this.management.users()) {
-      if (this.users.isToken(user) && !valid.has(user) && (await this.management.deleteUser(user)))
-        swept += 1;
+      const id = this.users.tokenIdOf(user);
+      if (id !== undefined && !keep.has(id) && (await this.management.deleteUser(user))) swept += 1;
     }
     return swept;
   }

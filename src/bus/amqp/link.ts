@@ -153,7 +153,15 @@ export class AmqpLink {
 
   async close(): Promise<void> {
     this.closing = true;
-    await this.model.close();
+    // When the broker closes the connection at the same moment (an account deleted), amqplib waits for an answer
+    // to its own close that never comes: the connection is gone either way, so the wait is bounded.
+    let timer: NodeJS.Timeout | undefined;
+    const bounded = new Promise<void>((resolve) => (timer = setTimeout(resolve, 2000)));
+    try {
+      await Promise.race([this.model.close(), bounded]);
+    } finally {
+      clearTimeout(timer);
+    }
     this.signalEnd(undefined);
   }
 

@@ -45,8 +45,8 @@ export class MeshUsers {
     return { role, node };
   }
 
-  /** True for a token account of this mesh (the expiry sweep looks only at those). */
-  isToken(user: string): boolean {
-    return this.read(user)?.role === "token";
+  /** The token id of a token account of this mesh, or undefined for any other name. */
+  tokenIdOf(user: string): string | undefined {
+    return this.read(user)?.role === "token" ? user.split(".")[3] : undefined;
   }
 }

@@ -157,7 +157,11 @@ export class NatsControlBus implements ControlBus {
   }
 
   async publishDeclaration(node: string, envelope: Uint8Array): Promise<void> {
-    this.nc.publish(declarationSubject(node), envelope);
+    await this.publishDeclarations([{ node, envelope }]);
+  }
+
+  async publishDeclarations(batch: readonly { node: string; envelope: Uint8Array }[]): Promise<void> {
+    for (const { node, envelope } of batch) this.nc.publish(declarationSubject(node), envelope);
     await this.nc.flush();
   }
 
