@@ -2,7 +2,8 @@
  * Enrolment: a node presents its token (on a connection the broker already authenticated with the token's own
  * identity) and the public halves of the keys it made itself. The token is spent once; the node's claimed name is
  * never trusted — the token's node record wins and the reply says so. The node receives its own broker identity,
- * and the token's identity is revoked, because a credential meant for one use must not live as long as the node.
+ * and the token's identity is revoked moments later, because a credential meant for one use must not live as long
+ * as the node (the spent token is refused here from the first moment).
  */
 import type { BrokerIdentities, EnrolAnswer, EnrolRequest } from "../bus/index.js";
 import { TokenRefused } from "../errors.js";
@@ -13,7 +14,6 @@ import { ContractError, encodeMessage, nodeQueue, parseEnrol } from "../link/ind
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
-import { currentRevocations } from "./revocations.js";
 import { spendToken } from "./tokens.js";
 
 export interface EnrolmentContext {
@@ -24,6 +24,12 @@ export interface EnrolmentContext {
   now: () => Date;
   /** Sends a node its latest declaration, if it has one (a machine rebuilt and enrolled again). */
   resendLatest: (node: string) => Promise<void>;
+  /**
+   * Has the broker's revocations brought up to date shortly (the spent token's identity, a rebuilt machine's old
+   * one). Shortly, not at once: the joiner is still reading its reply on the token's connection, and many joins
+   * at once share one update.
+   */
+  revokeSoon: () => void;
 }
 
 export async function answerEnrolment(
@@ -106,7 +112,7 @@ export async function answerEnrolment(
     return {
       reply: encodeMessage(reply),
       afterReply: async () => {
-        await context.broker.revoke(await currentRevocations(store, context.now()));
+        context.revokeSoon();
         await context.resendLatest(node);
       },
     };

@@ -41,6 +41,9 @@ export interface RunningControlPlane {
   stop(): Promise<void>;
 }
 
+/** How long after an enrolment the broker's revocations are brought up to date. */
+const revokeAfterMs = 1000;
+
 export async function serve(settings: ServeSettings): Promise<RunningControlPlane> {
   const { options, log } = settings;
   const now = () => new Date();
@@ -59,6 +62,8 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
 
   let stopping = false;
   const timers: NodeJS.Timeout[] = [];
+  /** Work to finish before the broker connection closes. */
+  const stoppers: (() => Promise<void>)[] = [];
   let ingest: Ingest | undefined;
   let consuming: Promise<void> | undefined;
   let closeGate: (reason: string) => void = () => undefined;
@@ -219,7 +224,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       await side.identities.revoke(await currentRevocations(store, now()));
       for (const node of await retiredNodes(store)) await side.identities.forget(node);
     };
-    // Token accounts that can no longer be spent (spent, revoked, expired) are deleted, now and every 15 s.
+    // Token accounts that can no longer be spent (spent, revoked, expired) are deleted, now and every 5 s.
     const sweepTokens = async () => {
       const swept = await side.identities.sweepTokens(await tokensToKeep(store, now(), tokenGraceMs));
       if (swept > 0) log.info("tokens.swept", { accounts_deleted: swept });
@@ -231,6 +236,24 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
         () => log.info("broker.reconnected", { revocations: "applied again" }),
         (error: unknown) => log.error("broker.revocations_not_applied", { error: errorText(error) }),
       );
+    });
+    // Enrolments ask for the revocations to be brought up to date a moment later; a burst of joins shares one.
+    let revokeTimer: NodeJS.Timeout | undefined;
+    let revoking: Promise<void> = Promise.resolve();
+    const revokeSoon = () => {
+      if (revokeTimer !== undefined || stopping) return;
+      revokeTimer = setTimeout(() => {
+        revokeTimer = undefined;
+        revoking = revoking
+          .then(syncRevocations)
+          .catch((error: unknown) =>
+            log.error("broker.revocations_not_applied", { error: errorText(error) }),
+          );
+      }, revokeAfterMs);
+    };
+    stoppers.push(async () => {
+      clearTimeout(revokeTimer);
+      await revoking;
     });
     await side.bus.answerEnrolments(async (request) => {
       if (!gate()) {
@@ -247,6 +270,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
           resendLatest: async (node) => {
             if (gate()) await resendLatest(store, side.bus, node);
           },
+          revokeSoon,
         },
         request,
       );
@@ -266,7 +290,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       }, everyMs);
     timers.push(
       repeat("last_seen.flush", settings.flushEveryMs ?? 1000, () => running.flush()),
-      repeat("tokens.sweep", 15_000, sweepTokens),
+      repeat("tokens.sweep", 5000, sweepTokens),
       // Checked often enough that a crossing is seen within a quarter of the threshold (at most every 5 s).
       repeat(
         "liveness.check",
@@ -304,6 +328,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       stopped = true;
       stopping = true;
       for (const timer of timers) clearInterval(timer);
+      for (const stopper of stoppers) await stopper();
       // Given back first: from here the gate is shut, so nothing acts any more, and a standby may take over.
       await holder
         .release()

@@ -289,6 +289,40 @@ describe("the mesh end to end over RabbitMQ", () => {
     assert.equal(tokens.find((t) => t.id === valid.id)?.status, "valid");
   });
 
+  test("amqp tokens — the accounts of expired and revoked tokens are swept and refused by the broker; a valid token's stays", async () => {
+    const expiring = decodeToken(await issue("db-8", "2s"));
+    const revoked = decodeToken(await issue("db-9"));
+    const valid = decodeToken(await issue("db-10"));
+    for (const node of ["db-8", "db-9", "db-10"])
+      assert.equal((await accounts("token", node)).length, 1, node);
+    const revoking = await cli(["token", "revoke", revoked.id]);
+    assert.equal(revoking.code, 0, revoking.stderr);
+    await eventually(
+      "the sweep to delete the expired and the revoked token's accounts",
+      async () =>
+        (await accounts("token", "db-8")).length === 0 && (await accounts("token", "db-9")).length === 0
+          ? true
+          : undefined,
+      20_000,
+    );
+    assert.equal((await accounts("token", "db-10")).length, 1, "a valid token keeps its account");
+    // From the revoked token's side: the broker no longer knows it.
+    if (revoked.broker?.credential.type !== "amqp") throw new Error("not a RabbitMQ token");
+    await assert.rejects(
+      amqp.connect({
+        protocol: "amqp",
+        hostname: "127.0.0.1",
+        port: 5672,
+        vhost: scratch.vhost,
+        username: revoked.broker.credential.username,
+        password: revoked.secret,
+      }),
+      /ACCESS-REFUSED|403/,
+    );
+    assert.equal(expiring.node, "db-8");
+    assert.equal(valid.node, "db-10");
+  });
+
   test("amqp enrolment — a token presented for another node is refused with the same line, and its node stays invited", async () => {
     const valid = decodeToken(await issue("db-5"));
     const started = Date.now();

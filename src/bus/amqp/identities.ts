@@ -15,7 +15,7 @@ import type { RabbitManagement } from "./management.js";
 import { MeshUsers } from "./users.js";
 
 /** How long a token's account outlives the token's end, for the joiner to read its reply. */
-export const tokenGraceMs = 10_000;
+export const tokenGraceMs = 5000;
 
 export class AmqpBrokerIdentities implements BrokerIdentities {
   readonly users: MeshUsers;
