@@ -4,12 +4,10 @@
  * (`--only failover` runs it alone, with 10 trials on the production lease timings).
  */
 import { spawn } from "node:child_process";
-import { execFileSync } from "node:child_process";
-import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { freePort, startNatsServer } from "../src/bus/index.js";
-import { writeNatsServerConfig } from "../src/bus/nats/server.js";
+import { startBroker } from "./mesh.js";
 
 export interface FailoverSettings {
   trials: number;
@@ -31,13 +29,6 @@ export async function runFailover(values: FailoverSettings): Promise<number[]> {
   };
   const dir = mkdtempSync(join(tmpdir(), "mesh-bench-failover-"));
   const data = join(dir, "data");
-
-  function mesh(args: string[]): string {
-    return execFileSync(process.execPath, [`${root}bin/mesh.js`, "--data", data, ...args], {
-      env,
-      encoding: "utf8",
-    });
-  }
 
   interface Controller {
     pid: number;
@@ -66,22 +57,7 @@ export async function runFailover(values: FailoverSettings): Promise<number[]> {
     };
   }
 
-  const fragment = JSON.parse(mesh(["broker", "config", "--json"])) as {
-    operator: string;
-    system_account: string;
-    resolver_preload: Record<string, string>;
-  };
-  const port = await freePort();
-  mkdirSync(join(dir, "nats"), { recursive: true });
-  const config = writeNatsServerConfig({
-    dir: join(dir, "nats"),
-    host: "127.0.0.1",
-    port,
-    operatorJwt: fragment.operator,
-    systemAccount: fragment.system_account,
-    accounts: fragment.resolver_preload,
-  });
-  const server = await startNatsServer(config, { host: "127.0.0.1", port }, join(dir, "nats.log"));
+  const server = await startBroker(data, dir);
   const times: number[] = [];
   try {
     let holder = startController(server.url);

@@ -52,7 +52,17 @@ const extra: Record<string, unknown> = {};
 const has = (part: BenchOptions["parts"][number]) => options.parts.includes(part);
 const meshParts = options.parts.filter((part) => part !== "failover");
 
-if (meshParts.length > 0) await benchMesh();
+/** Why the run stopped part-way, if it did: the figures measured before are still printed and written. */
+let failure: string | undefined;
+if (meshParts.length > 0) {
+  try {
+    await benchMesh();
+  } catch (error) {
+    failure = error instanceof Error ? error.message : String(error);
+    extra.failure = failure;
+    say(`the run failed part-way (${failure}); the figures measured before it are kept`);
+  }
+}
 if (has("failover")) {
   const f = options.failover;
   say(`failover: ${f.trials} trial(s), lease ${f.ttl}/${f.renew}/${f.margin}`);
@@ -111,6 +121,10 @@ process.stdout.write(
   `mesh bench, ${options.nodes} nodes — commit ${result.commit}${result.dirty ? " (with local changes)" : ""}, ` +
     `${result.node}, ${result.nats_server}, ${result.cores} cores\n\n${table}\nfigures written to ${file}\n`,
 );
+if (failure !== undefined) {
+  process.stderr.write(`bench: the run failed part-way: ${failure}\n`);
+  process.exitCode = 1;
+}
 
 async function benchMesh(): Promise<void> {
   const N = options.nodes;

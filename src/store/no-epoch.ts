@@ -3,16 +3,10 @@
  * must never be silent: every controller in it keeps a row here fresh, and `mesh lease show` reads them.
  */
 import type { Kysely } from "kysely";
-import type { Database } from "./schema.js";
+import type { ControllerNoEpochTable, Database } from "./schema.js";
 
-export interface NoEpochController {
-  controller: string;
-  host: string;
-  pid: number;
-  reason: string;
-  since: string;
-  seen_at: string;
-}
+/** One controller in the condition, as its row holds it. */
+export type NoEpochController = ControllerNoEpochTable;
 
 export class NoEpochQueries {
   constructor(private readonly db: Kysely<Database>) {}

@@ -106,14 +106,9 @@ export class NodeQueries {
   }
 
   async nextDeclarationSequence(name: string): Promise<number> {
-    const row = await this.db
-      .updateTable("nodes")
-      .set((eb) => ({ declaration_sequence: eb("declaration_sequence", "+", 1) }))
-      .where("name", "=", name)
-      .returning("declaration_sequence")
-      .executeTakeFirst();
-    if (row === undefined) throw new MeshError("node_unknown", `no node named ${name}`);
-    return row.declaration_sequence;
+    const sequence = (await this.nextDeclarationSequences([name])).get(name);
+    if (sequence === undefined) throw new MeshError("node_unknown", `no node named ${name}`);
+    return sequence;
   }
 }
 

@@ -82,6 +82,21 @@ async function within<T>(ms: number, wait: Promise<T>): Promise<T | undefined> {
   }
 }
 
+/** A token's broker identity for `node`, as `issueToken` makes one: its secret is the password where there is one. */
+async function mintToken(
+  identities: ControlIdentities,
+  node: string,
+): Promise<{ credential: TokenCredential; secret: string }> {
+  const secret = randomBytes(16).toString("base64url");
+  const minted = await identities.forToken({
+    id: `tok_${randomBytes(6).toString("hex")}`,
+    node,
+    secret,
+    expiresAt: new Date(Date.now() + 3_600_000),
+  });
+  return { credential: minted.credential, secret };
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // NATS
 
@@ -161,16 +176,7 @@ export async function natsTransport(): Promise<Transport> {
         ackWaitMs: options.ackWaitMs ?? 1000,
       }),
     identities: () => identities,
-    async tokenFor(node) {
-      const secret = randomBytes(16).toString("base64url");
-      const minted = await identities.forToken({
-        id: `tok_${randomBytes(6).toString("hex")}`,
-        node,
-        secret,
-        expiresAt: new Date(Date.now() + 3_600_000),
-      });
-      return { credential: minted.credential, secret };
-    },
+    tokenFor: (node) => mintToken(identities, node),
     async nodeFor(node) {
       const key = newUserKey();
       const minted = await identities.forNode(node, key.publicKey);
@@ -350,16 +356,7 @@ export async function amqpTransport(): Promise<Transport> {
     openControl: (options = {}) =>
       openControlSide(dataDir, access, options.log ?? quiet, { longLived: true }),
     identities: () => identities,
-    async tokenFor(node) {
-      const secret = randomBytes(16).toString("base64url");
-      const minted = await identities.forToken({
-        id: `tok_${randomBytes(6).toString("hex")}`,
-        node,
-        secret,
-        expiresAt: new Date(Date.now() + 3_600_000),
-      });
-      return { credential: minted.credential, secret };
-    },
+    tokenFor: (node) => mintToken(identities, node),
     async nodeFor(node) {
       const minted = await identities.forNode(node);
       if (minted.credential.type === "amqp") nodeUsers.set(node, minted.credential.username);
