@@ -89,18 +89,22 @@ export class NodeQueries {
   /** Hands out the node's next declaration sequence atomically: concurrent callers never get the same one. */
   /** The next declaration sequence of each node, allocated in one transaction (every node must exist). */
   async nextDeclarationSequences(names: readonly string[]): Promise<Map<string, number>> {
+    const distinct = [...new Set(names)];
     return this.db.transaction().execute(async (trx) => {
       const sequences = new Map<string, number>();
-      for (const name of names) {
-        const row = await trx
+      // One statement per slice of nodes (a statement binds only so many values), each a compare-and-set on the
+      // row itself, so a controller and a command declaring at once never share a sequence.
+      for (let start = 0; start < distinct.length; start += 500) {
+        const rows = await trx
           .updateTable("nodes")
           .set((eb) => ({ declaration_sequence: eb("declaration_sequence", "+", 1) }))
-          .where("name", "=", name)
-          .returning("declaration_sequence")
-          .executeTakeFirst();
-        if (row === undefined) throw new MeshError("node_unknown", `no node named ${name}`);
-        sequences.set(name, row.declaration_sequence);
+          .where("name", "in", distinct.slice(start, start + 500))
+          .returning(["name", "declaration_sequence"])
+          .execute();
+        for (const row of rows) sequences.set(row.name, row.declaration_sequence);
       }
+      const missing = distinct.filter((name) => !sequences.has(name));
+      if (missing.length > 0) throw new MeshError("node_unknown", `no node named ${missing.join(", ")}`);
       return sequences;
     });
   }
