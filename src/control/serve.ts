@@ -218,6 +218,8 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       );
     }
     await side.bus.assert();
+    // A stop may come at any await from here on: nothing is started after it.
+    if (stopping) return;
     // The broker may have started from an older preload (it is not always ours to rewrite): bring its
     // revocations up to date now and after every reconnection.
     const syncRevocations = async () => {
@@ -231,6 +233,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
     };
     await sweepTokens();
     await syncRevocations();
+    if (stopping) return;
     side.bus.onReconnect(() => {
       syncRevocations().then(
         () => log.info("broker.reconnected", { revocations: "applied again" }),
@@ -275,6 +278,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
         request,
       );
     });
+    if (stopping) return;
     const running = new Ingest({
       store,
       bus: side.bus,
@@ -342,6 +346,8 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       if (noEpoch !== undefined) await store.noEpoch.clear(me.id);
       await store.close();
       await metricsServer?.close();
+      // Work started while this stop was under way must not keep the process alive.
+      for (const timer of timers) clearInterval(timer);
       log.info("control.stopped");
     },
   };
