@@ -186,8 +186,16 @@ export class NatsControlBus implements ControlBus {
   async close(): Promise<void> {
     this.enrolments?.unsubscribe();
     await Promise.all(this.inFlight);
-    for (const messages of this.consuming) await messages.close();
-    if (!this.nc.isClosed()) await this.nc.drain();
+    try {
+      for (const messages of this.consuming) await messages.close();
+      if (!this.nc.isClosed()) await this.nc.drain();
+    } catch (error) {
+      // Draining needs the server; with the server gone it fails, and a connection left open would keep
+      // reconnecting (and the process alive) forever.
+      this.log.warn("broker.not_drained", { error: errorText(error) });
+    } finally {
+      if (!this.nc.isClosed()) await this.nc.close();
+    }
   }
 }
 
