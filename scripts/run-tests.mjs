@@ -23,9 +23,11 @@ if (files.length === 0) {
   console.error("no test files found");
   process.exit(1);
 }
+// A test that hangs fails after five minutes with its name, instead of holding the whole run until CI gives up.
+const timeout = passThrough.some((arg) => arg.startsWith("--test-timeout")) ? [] : ["--test-timeout=300000"];
 const child = spawn(
   process.execPath,
-  ["--import", "tsx", "--test", "--test-reporter=spec", ...passThrough, ...files],
+  ["--import", "tsx", "--test", "--test-reporter=spec", ...timeout, ...passThrough, ...files],
   { stdio: "inherit" },
 );
 child.on("exit", (code, signal) => process.exit(signal ? 1 : (code ?? 1)));
