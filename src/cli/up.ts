@@ -54,13 +54,15 @@ async function serveOn(options: MeshOptions, url: string): Promise<void> {
   }
   const log = createLogger({});
   const plane = await serve({ options, broker, log });
-  if (brokerKindOf(url) === "amqp") {
-    process.stdout.write(
-      `The mesh is up.\n  broker  ${parseAmqpUrl(url).url} (RabbitMQ)\n  data    ${options.dataDir}\n\n` +
-        `Let a machine in:  npx mesh token issue <node-name>\n`,
-    );
-  }
-  await runUntilStopped(log, plane, new Promise<never>(() => undefined), () => Promise.resolve());
+  const announce =
+    brokerKindOf(url) === "amqp"
+      ? () =>
+          process.stdout.write(
+            `The mesh is up.\n  broker  ${parseAmqpUrl(url).url} (RabbitMQ)\n  data    ${options.dataDir}\n\n` +
+              `Let a machine in:  npx mesh token issue <node-name>\n`,
+          )
+      : undefined;
+  await runUntilStopped(log, plane, new Promise<never>(() => undefined), () => Promise.resolve(), announce);
 }
 
 export function registerServeCommands(program: Command): void {
@@ -102,11 +104,17 @@ export function registerServeCommands(program: Command): void {
         await server.stop();
         throw error;
       }
-      process.stdout.write(
-        `The mesh is up.\n  broker  ${url} (nats-server, data in ${embedded.dir})\n  data    ${options.dataDir}\n\n` +
-          `Let a machine in:  npx mesh token issue <node-name>\n`,
+      await runUntilStopped(
+        log,
+        plane,
+        server.exited,
+        () => server.stop(),
+        () =>
+          process.stdout.write(
+            `The mesh is up.\n  broker  ${url} (nats-server, data in ${embedded.dir})\n  data    ${options.dataDir}\n\n` +
+              `Let a machine in:  npx mesh token issue <node-name>\n`,
+          ),
       );
-      await runUntilStopped(log, plane, server.exited, () => server.stop());
     });
 
   program
@@ -178,14 +186,17 @@ async function choosePort(dataDir: string, wanted: number | undefined): Promise<
 
 async function runUntilStopped(
   log: ReturnType<typeof createLogger>,
-  plane: { done: Promise<void>; stop(): Promise<void> },
+  plane: { done: Promise<void>; serving: Promise<void>; stop(): Promise<void> },
   brokerExited: Promise<number | null>,
   stopBroker: () => Promise<void>,
+  /** Said once the control plane acts (a standby says it when it takes over), not merely when it started. */
+  announce?: () => void,
 ): Promise<void> {
   const signalled = new Promise<string>((resolve) => {
     process.once("SIGINT", () => resolve("SIGINT"));
     process.once("SIGTERM", () => resolve("SIGTERM"));
   });
+  void plane.serving.then(announce);
   const reason = await Promise.race([
     signalled,
     brokerExited.then((code) => `broker exited (${code})`),

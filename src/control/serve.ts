@@ -38,6 +38,8 @@ export interface ServeSettings {
 export interface RunningControlPlane {
   /** Settles when the control plane stops acting; rejects when it lost the lease or failed. */
   done: Promise<void>;
+  /** Settles once this control plane acts: it holds the lease (or runs without an epoch) and consumes. */
+  serving: Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -310,6 +312,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       countHandled();
       return running.handle(delivery);
     });
+    markServing();
     log.info("control.serving", {
       epoch: holder.epoch ?? null,
       broker: side.identities.url,
@@ -323,10 +326,13 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
     if (!stopping) throw new MeshError("lease_lost", ended);
   };
 
+  let markServing: () => void = () => undefined;
+  const serving = new Promise<void>((resolve) => (markServing = resolve));
   const done = act();
   let stopped = false;
   return {
     done,
+    serving,
     stop: async () => {
       if (stopped) return;
       stopped = true;
