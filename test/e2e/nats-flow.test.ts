@@ -226,14 +226,32 @@ describe("the mesh end to end over NATS", () => {
     assert.equal(content.broker?.credential.type, "nats");
     if (content.broker?.credential.type !== "nats") return;
     const { jwt, seed } = content.broker.credential;
-    await assert.rejects(
-      connect({
-        servers: brokerUrl,
-        reconnect: false,
-        authenticator: jwtAuthenticator(jwt, new TextEncoder().encode(seed)),
-      }),
-      /authorization|expired/i,
+    // The identity's expiry is in whole seconds, no later than the token's; the broker goes by its own clock.
+    const exp = (JSON.parse(Buffer.from(jwt.split(".")[1] ?? "", "base64url").toString()) as { exp: number })
+      .exp;
+    assert.ok(exp * 1000 <= Date.parse(content.expires_at), "the identity expires no later than the token");
+    const refusal = await eventually(
+      "the broker to refuse the expired identity",
+      async () => {
+        const attemptAt = Date.now();
+        const result = await connect({
+          servers: brokerUrl,
+          reconnect: false,
+          authenticator: jwtAuthenticator(jwt, new TextEncoder().encode(seed)),
+        }).then(
+          async (nc) => {
+            await nc.close();
+            return undefined;
+          },
+          (error: unknown) => error as Error,
+        );
+        // Accepted at all is allowed only within the second the identity expires in.
+        if (result === undefined) assert.ok(attemptAt < (exp + 2) * 1000, "accepted well after its expiry");
+        return result;
+      },
+      5000,
     );
+    assert.match(refusal.message, /authorization|expired/i);
 
     const valid = decodeToken(await issue("db-3"));
     await attempt("unknown", encodeToken({ ...valid, id: "tok_ffffffffffff" }));
