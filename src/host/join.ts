@@ -38,6 +38,10 @@ export async function join(request: JoinRequest): Promise<HostIdentity> {
       "this token names no broker: issue it again once `mesh up` runs",
     );
   }
+  // A token past its expiry is refused here, as the broker and the control plane would: the broker may accept
+  // the identity for the moment it takes to notice the expiry and then drop the connection, which would read as a
+  // broker failure instead of the one line every refusal gives.
+  if (Date.parse(token.expires_at) <= Date.now()) throw new TokenRefused("expired");
   const state = new HostState(request.stateDir, request.storage);
   const existing = state.loadIdentity();
   if (existing !== undefined) {
