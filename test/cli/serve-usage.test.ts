@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import { createServer } from "node:net";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -100,5 +101,27 @@ describe("mesh up keeps its broker's address", () => {
     assert.equal(secondUrl, firstUrl);
     const recorded = JSON.parse(readFileSync(join(data, "broker.json"), "utf8")) as { url: string };
     assert.equal(recorded.url, firstUrl);
+  });
+});
+
+describe("mesh up whose own broker dies", () => {
+  const dir = tempDir("mesh-up-broker-dies-");
+  after(() => dir.remove());
+
+  test("cli — mesh up stops with exit 1 and one line naming the cause, leaving nothing reconnecting behind", async () => {
+    const data = join(dir.path, "data");
+    const up = startBin("mesh", ["--data", data, "up", "--nats-port", "0"]);
+    await eventually("the mesh to be up", () => (/The mesh is up/.test(up.stdout()) ? true : undefined));
+    const config = join(data, "nats", "server", "nats-server.conf");
+    const found = execFileSync("pgrep", ["-f", config], { encoding: "utf8" }).trim().split("\n");
+    assert.equal(found.length, 1, `one nats-server for ${config}`);
+    process.kill(Number(found[0]), "SIGKILL");
+    const code = await Promise.race([
+      up.exited,
+      new Promise((resolve) => setTimeout(() => resolve("still running"), 20_000)),
+    ]);
+    if (code === "still running") up.child.kill("SIGKILL");
+    assert.equal(code, 1, up.stderr());
+    assert.match(up.stderr(), /^mesh: the mesh stopped: broker exited/m);
   });
 });
