@@ -33,14 +33,23 @@ export interface EnrolAnswer {
   afterReply?: () => Promise<void>;
 }
 
+/** Decides a batch of deliveries: one outcome for each, in the same order. */
+export type ControlHandler = (batch: readonly ControlDelivery[]) => Promise<DeliveryOutcome[]>;
+
+/** The most deliveries handed to the control plane at once. */
+export const controlBatchMax = 256;
+
 /** The control plane's side of the broker. */
 export interface ControlBus {
   /** Creates what the mesh needs on the broker (streams, queues, consumers). Idempotent. */
   assert(): Promise<void>;
   /** Answers enrolment requests as they come; returns when the subscription is in place. */
   answerEnrolments(answer: (request: EnrolRequest) => Promise<EnrolAnswer>): Promise<void>;
-  /** Consumes the control queue until closed, one message at a time, acknowledging per the handler's outcome. */
-  consumeControl(handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>): Promise<void>;
+  /**
+   * Consumes the control queue until closed. What has arrived is handed over in batches, in arrival order (at most
+   * `controlBatchMax` at once); the handler gives one outcome per delivery, and each is acknowledged by it.
+   */
+  consumeControl(handle: ControlHandler): Promise<void>;
   /** Sends a signed declaration envelope straight to the node's own queue. */
   publishDeclaration(node: string, envelope: Uint8Array): Promise<void>;
   /** Sends many, each to its node's queue, waiting for the broker once for all of them. */

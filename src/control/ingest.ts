@@ -4,7 +4,7 @@
  * acknowledged so it cannot poison the queue. Only a failure of our own (the store is down) asks for redelivery.
  */
 import type { ControlBus, ControlDelivery, DeliveryOutcome } from "../bus/index.js";
-import type { Report } from "../link/index.js";
+import type { Receipt, Report } from "../link/index.js";
 import {
   accountOfReport,
   ContractError,
@@ -16,7 +16,8 @@ import {
 import type { ReportAccount } from "../link/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
-import type { NodeRecord, Store } from "../store/index.js";
+import type { AccountRecord, MeshEvent, NodeRecord, Store } from "../store/index.js";
+import { digestKey } from "../store/index.js";
 import { resendLatest } from "./declarations.js";
 
 export interface IngestContext {
@@ -65,49 +66,120 @@ export class Ingest {
     cache.set(node, { value, until: this.context.now().getTime() + (this.context.rememberForMs ?? 5000) });
   }
 
-  /** The node's record: remembered for a while once it is enrolled, read afresh otherwise or when `fresh`. */
-  private async nodeRecord(node: string, fresh: boolean): Promise<NodeRecord | undefined> {
-    const known = fresh ? undefined : this.remembered(this.enrolled, node);
-    if (known !== undefined) return known.value;
-    const record = await this.context.store.nodes.get(node);
-    if (record?.state === "enrolled") this.remember(this.enrolled, node, record);
-    else this.enrolled.delete(node);
-    return record;
+  /** One delivery: a batch of one. */
+  async handle(delivery: ControlDelivery): Promise<DeliveryOutcome> {
+    const [outcome] = await this.handleBatch([delivery]);
+    return outcome ?? "retry";
   }
 
-  async handle(delivery: ControlDelivery): Promise<DeliveryOutcome> {
+  /**
+   * Deliveries in the order they arrived, handled as that order says, with everything they change written in one
+   * transaction. Receipts go out only once it has committed; until then nothing is acknowledged. A failure of our
+   * own (the store is down) hands the whole batch back for redelivery, where a report already kept is taken again
+   * quietly.
+   */
+  async handleBatch(deliveries: readonly ControlDelivery[]): Promise<DeliveryOutcome[]> {
+    const batch = new Batch(this.context.now());
     try {
-      if (delivery.node === undefined) {
-        await this.refuse("*", delivery.kind, "the subject names no valid node");
-        return "done";
+      await this.judge(deliveries, batch);
+      if (batch.accounts.length + batch.counters.length + batch.events.length > 0) {
+        await this.context.store.transaction(async (tx) => {
+          await tx.accounts.keepMany(batch.accounts);
+          await tx.counters.addMany(batch.counters);
+          await tx.events.recordMany(batch.events);
+        });
       }
-      // Only an enrolled node speaks: a retired node's identity may still be known to a broker that restarted.
-      // Alives, the bulk of the traffic, take a record read a moment ago; a report, which is ordered by when the
-      // node enrolled, always reads it afresh.
-      const record = await this.nodeRecord(delivery.node, delivery.kind === "report");
-      if (record?.state !== "enrolled") {
-        await this.refuse(
-          delivery.node,
-          delivery.kind,
-          `node ${delivery.node} is ${record?.state ?? "unknown"}, not enrolled`,
-        );
-        return "done";
-      }
-      // Never in the future, whatever the clocks say.
-      const spokeAt = new Date(
-        Math.min(delivery.receivedAt.getTime(), this.context.now().getTime()),
-      ).toISOString();
-      if (delivery.kind === "alive") await this.alive(delivery.node, delivery.body, spokeAt);
-      else await this.report(delivery.node, delivery.body, spokeAt, record.enrolledAt);
-      return "done";
+      for (const [node, spokeAt] of batch.seen) this.seen.set(node, spokeAt);
+      await Promise.all(
+        batch.receipts.map(({ node, receipt }) =>
+          this.context.bus.publishReceipt(node, encodeMessage(receipt)),
+        ),
+      );
+      await this.catchUp(batch.holds);
+      return deliveries.map(() => "done");
     } catch (error) {
       this.context.log.error("ingest.failed", {
-        node: delivery.node,
-        kind: delivery.kind,
+        deliveries: deliveries.length,
+        nodes: [...new Set(deliveries.map((delivery) => delivery.node ?? "*"))].slice(0, 5),
         error: errorText(error),
       });
-      return "retry";
+      return deliveries.map(() => "retry");
     }
+  }
+
+  /** Decides every delivery of the batch, reading what it needs from the store in a few statements. */
+  private async judge(deliveries: readonly ControlDelivery[], batch: Batch): Promise<void> {
+    const records = await this.nodeRecords(deliveries);
+    const reports: Array<{ node: string; report: Report; text: string; enrolledAt: string | null }> = [];
+    for (const delivery of deliveries) {
+      const node = delivery.node;
+      if (node === undefined) {
+        this.refuse(batch, "*", delivery.kind, "the subject names no valid node");
+        continue;
+      }
+      // Only an enrolled node speaks: a retired node's identity may still be known to a broker that restarted.
+      const record = records.get(node);
+      if (record?.state !== "enrolled") {
+        this.refuse(
+          batch,
+          node,
+          delivery.kind,
+          `node ${node} is ${record?.state ?? "unknown"}, not enrolled`,
+        );
+        continue;
+      }
+      // Never in the future, whatever the clocks say.
+      const spokeAt = new Date(Math.min(delivery.receivedAt.getTime(), batch.at.getTime())).toISOString();
+      if (delivery.kind === "alive") {
+        this.alive(batch, node, delivery.body, spokeAt);
+        continue;
+      }
+      let report: Report;
+      try {
+        report = parseReport(delivery.body);
+      } catch (error) {
+        if (!(error instanceof ContractError)) throw error;
+        this.refuse(batch, node, "report", error.reason);
+        continue;
+      }
+      if (report.node !== node) {
+        this.refuse(batch, node, "report", `its body names node ${report.node}`);
+        continue;
+      }
+      batch.seen.set(node, spokeAt);
+      reports.push({
+        node,
+        report,
+        text: new TextDecoder().decode(delivery.body),
+        enrolledAt: record.enrolledAt,
+      });
+    }
+    if (reports.length > 0) await this.reports(reports, batch);
+  }
+
+  /**
+   * The records of the batch's nodes: read afresh for a node that sent a report (reports are ordered by when the
+   * node enrolled); for alives, the bulk of the traffic, one read a moment ago will do.
+   */
+  private async nodeRecords(deliveries: readonly ControlDelivery[]): Promise<Map<string, NodeRecord>> {
+    const records = new Map<string, NodeRecord>();
+    const toRead = new Set<string>();
+    for (const { node, kind } of deliveries) {
+      if (node === undefined) continue;
+      const known = kind === "report" ? undefined : this.remembered(this.enrolled, node);
+      if (known === undefined) toRead.add(node);
+      else if (!records.has(node)) records.set(node, known.value);
+    }
+    if (toRead.size === 0) return records;
+    const read = await this.context.store.nodes.getMany([...toRead]);
+    for (const node of toRead) {
+      const record = read.get(node);
+      if (record === undefined) records.delete(node);
+      else records.set(node, record);
+      if (record?.state === "enrolled") this.remember(this.enrolled, node, record);
+      else this.enrolled.delete(node);
+    }
+    return records;
   }
 
   /** Writes the batched `last_seen` times. */
@@ -118,155 +190,163 @@ export class Ingest {
     await this.context.store.nodes.touch(batch);
   }
 
-  private async alive(node: string, body: Uint8Array, spokeAt: string): Promise<void> {
+  private alive(batch: Batch, node: string, body: Uint8Array, spokeAt: string): void {
     let alive;
     try {
       alive = parseAlive(body);
     } catch (error) {
       if (!(error instanceof ContractError)) throw error;
-      return this.refuse(node, "alive", error.reason);
+      return this.refuse(batch, node, "alive", error.reason);
     }
-    if (alive.node !== node) return this.refuse(node, "alive", `its body names node ${alive.node}`);
+    if (alive.node !== node) return this.refuse(batch, node, "alive", `its body names node ${alive.node}`);
     // An alive moves last_seen and nothing else: it is never an account, so it can never empty a recovery copy.
-    this.seen.set(node, spokeAt);
-    if (alive.holds !== undefined) await this.catchUp(node, alive.holds);
+    batch.seen.set(node, spokeAt);
+    if (alive.holds !== undefined) batch.holds.set(node, alive.holds);
   }
 
-  private async catchUp(node: string, holds: { epoch: number; sequence: number }): Promise<void> {
-    let latest = this.remembered(this.latestOrder, node)?.value;
-    if (this.remembered(this.latestOrder, node) === undefined) {
-      const read = await this.context.store.declarations.latest(node);
-      latest = read === undefined ? undefined : { epoch: read.epoch, sequence: read.sequence };
-      this.remember(this.latestOrder, node, latest);
+  /** Sends their latest declaration again to nodes whose alive says they hold an older one. */
+  private async catchUp(holds: ReadonlyMap<string, { epoch: number; sequence: number }>): Promise<void> {
+    if (holds.size === 0) return;
+    const toRead = [...holds.keys()].filter((node) => this.remembered(this.latestOrder, node) === undefined);
+    if (toRead.length > 0) {
+      const read = await this.context.store.declarations.latestOrders(toRead);
+      for (const node of toRead) this.remember(this.latestOrder, node, read.get(node));
     }
-    if (latest === undefined) return;
-    const behind =
-      holds.epoch < latest.epoch || (holds.epoch === latest.epoch && holds.sequence < latest.sequence);
     const now = this.context.now().getTime();
-    if (!behind || now - (this.lastResend.get(node) ?? 0) < this.context.resendAfterMs) return;
-    this.lastResend.set(node, now);
-    await resendLatest(this.context.store, this.context.bus, node);
+    for (const [node, held] of holds) {
+      const latest = this.remembered(this.latestOrder, node)?.value;
+      if (latest === undefined) continue;
+      const behind =
+        held.epoch < latest.epoch || (held.epoch === latest.epoch && held.sequence < latest.sequence);
+      if (!behind || now - (this.lastResend.get(node) ?? 0) < this.context.resendAfterMs) continue;
+      this.lastResend.set(node, now);
+      await resendLatest(this.context.store, this.context.bus, node);
+    }
   }
 
-  private async report(
-    node: string,
-    body: Uint8Array,
-    spokeAt: string,
-    enrolledAt: string | null,
+  /** Judges the batch's reports in order, each against its node's account as the reports before it left it. */
+  private async reports(
+    reports: ReadonlyArray<{ node: string; report: Report; text: string; enrolledAt: string | null }>,
+    batch: Batch,
   ): Promise<void> {
     const { store } = this.context;
-    let report: Report;
-    try {
-      report = parseReport(body);
-    } catch (error) {
-      if (!(error instanceof ContractError)) throw error;
-      return this.refuse(node, "report", error.reason);
-    }
-    if (report.node !== node) return this.refuse(node, "report", `its body names node ${report.node}`);
-    const now = this.context.now().toISOString();
-    this.seen.set(node, spokeAt);
-
+    const nodes = [...new Set(reports.map(({ node }) => node))];
+    const copies = await store.accounts.recoveryCopies(nodes);
     // A machine that enrolled again starts its report counter anew: accounts from before are not its order.
-    const latestRecord = await store.accounts.recoveryCopy(node);
-    const keptRecord =
-      latestRecord !== undefined && enrolledAt !== null && latestRecord.receivedAt < enrolledAt
-        ? undefined
-        : latestRecord;
-    const kept: ReportAccount | undefined =
-      keptRecord === undefined
-        ? undefined
-        : keptRecord.epoch !== null && keptRecord.sequence !== null && keptRecord.reportSequence !== null
-          ? {
-              digest: keptRecord.digest,
-              order: {
-                epoch: keptRecord.epoch,
-                sequence: keptRecord.sequence,
-                report_sequence: keptRecord.reportSequence,
-              },
-            }
-          : { digest: keptRecord.digest };
-    const orders = new Map<string, { epoch: number; sequence: number }>();
-    for (const digest of new Set([report.digest, kept?.digest].filter((d): d is string => d !== undefined))) {
-      const order = await store.declarations.orderOfDigest(node, digest);
-      if (order !== undefined) orders.set(digest, order);
+    const kept = new Map<string, AccountRecord>();
+    for (const { node, enrolledAt } of reports) {
+      const copy = copies.get(node);
+      if (copy !== undefined && !(enrolledAt !== null && copy.receivedAt < enrolledAt)) kept.set(node, copy);
     }
-    // The very report already kept, sent again because its receipt was lost: take it again, quietly.
-    if (keptRecord !== undefined && keptRecord.report === new TextDecoder().decode(body)) {
-      return this.receipt(node, report, "kept");
-    }
-    const judgement = judgeReport(accountOfReport(report), kept, (digest) => orders.get(digest));
-    if (judgement.verdict === "refuse") {
-      await this.refuse(node, "report", judgement.reason, "report_out_of_order");
-      return this.receipt(node, report, "refused", judgement.reason);
-    }
-
-    await store.accounts.keep({
-      node,
-      receivedAt: now,
-      epoch: report.epoch ?? null,
-      sequence: report.sequence ?? null,
-      reportSequence: report.report_sequence ?? null,
-      digest: report.digest,
-      outcome: report.outcome,
-      report: new TextDecoder().decode(body),
-    });
-    if (report.outcome !== "applied") {
-      await store.counters.add(node, `declarations_${report.outcome}`);
-      await store.events.record({
-        at: now,
-        kind: `declaration.${report.outcome}`,
+    const orders = await store.declarations.ordersOfDigests([
+      ...reports.map(({ node, report }) => ({ node, digest: report.digest })),
+      ...[...kept.values()].map(({ node, digest }) => ({ node, digest })),
+    ]);
+    const now = batch.at.toISOString();
+    for (const { node, report, text } of reports) {
+      const keptRecord = kept.get(node);
+      // The very report already kept, sent again because its receipt was lost: take it again, quietly.
+      if (keptRecord !== undefined && keptRecord.report === text) {
+        batch.receipt(node, report, "kept");
+        continue;
+      }
+      const judgement = judgeReport(accountOfReport(report), keptRecord && accountOf(keptRecord), (digest) =>
+        orders.get(digestKey(node, digest)),
+      );
+      if (judgement.verdict === "refuse") {
+        this.refuse(batch, node, "report", judgement.reason, "report_out_of_order");
+        batch.receipt(node, report, "refused", judgement.reason);
+        continue;
+      }
+      const account: AccountRecord = {
         node,
+        receivedAt: now,
         epoch: report.epoch ?? null,
-        detail: { reason: report.reason ?? "", sequence: report.sequence ?? null },
-      });
-      this.context.log.warn(`node.declaration_${report.outcome}`, { node, reason: report.reason });
+        sequence: report.sequence ?? null,
+        reportSequence: report.report_sequence ?? null,
+        digest: report.digest,
+        outcome: report.outcome,
+        report: text,
+      };
+      batch.accounts.push(account);
+      kept.set(node, account);
+      if (report.outcome !== "applied") {
+        batch.counters.push({ node, name: `declarations_${report.outcome}`, by: 1 });
+        batch.events.push({
+          at: now,
+          kind: `declaration.${report.outcome}`,
+          node,
+          epoch: report.epoch ?? null,
+          detail: { reason: report.reason ?? "", sequence: report.sequence ?? null },
+        });
+        this.context.log.warn(`node.declaration_${report.outcome}`, { node, reason: report.reason });
+      }
+      batch.receipt(node, report, "kept");
     }
-    await this.receipt(node, report, "kept");
   }
 
-  /** Tells the node its report was taken, so it stops sending it. Reports without a report_sequence get none. */
-  private async receipt(
-    node: string,
-    report: Report,
-    verdict: "kept" | "refused",
-    reason?: string,
-  ): Promise<void> {
-    if (report.report_sequence === undefined) return;
-    await this.context.bus.publishReceipt(
-      node,
-      encodeMessage({
-        kind: "receipt",
-        node,
-        report_sequence: report.report_sequence,
-        verdict,
-        ...(reason === undefined ? {} : { reason }),
-      }),
-    );
-  }
-
-  private async refuse(
+  private refuse(
+    batch: Batch,
     node: string,
     kind: string,
     reason: string,
     counter = `${kind}_refused`,
-  ): Promise<void> {
-    const { store, log } = this.context;
-    await store.counters.add(node, counter);
-    await store.events.record({
-      at: this.context.now().toISOString(),
+  ): void {
+    batch.counters.push({ node, name: counter, by: 1 });
+    batch.events.push({
+      at: batch.at.toISOString(),
       kind: `${kind}.refused`,
       node: node === "*" ? null : node,
       epoch: null,
       detail: { reason },
     });
-    const now = this.context.now().getTime();
+    const now = batch.at.getTime();
     if (now - (this.lastRefusalLog.get(node) ?? -Infinity) >= 60_000) {
       this.lastRefusalLog.set(node, now);
-      log.warn(`${kind}.refused`, {
+      this.context.log.warn(`${kind}.refused`, {
         node,
         reason,
         note: "further refusals for this node are counted, logged again in a minute",
       });
     }
+  }
+}
+
+/** The stored account in the form the ordering rules judge. */
+function accountOf(record: AccountRecord): ReportAccount {
+  return record.epoch !== null && record.sequence !== null && record.reportSequence !== null
+    ? {
+        digest: record.digest,
+        order: { epoch: record.epoch, sequence: record.sequence, report_sequence: record.reportSequence },
+      }
+    : { digest: record.digest };
+}
+
+/** What one batch decided: written together, then answered. */
+class Batch {
+  readonly accounts: AccountRecord[] = [];
+  readonly counters: Array<{ node: string; name: string; by: number }> = [];
+  readonly events: MeshEvent[] = [];
+  readonly receipts: Array<{ node: string; receipt: Receipt }> = [];
+  /** When each node spoke, taken into `last_seen` once the batch is written. */
+  readonly seen = new Map<string, string>();
+  /** What each node's latest alive says it holds. */
+  readonly holds = new Map<string, { epoch: number; sequence: number }>();
+
+  constructor(readonly at: Date) {}
+
+  /** Tells the node its report was taken, so it stops sending it. Reports without a report_sequence get none. */
+  receipt(node: string, report: Report, verdict: "kept" | "refused", reason?: string): void {
+    if (report.report_sequence === undefined) return;
+    this.receipts.push({
+      node,
+      receipt: {
+        kind: "receipt",
+        node,
+        report_sequence: report.report_sequence,
+        verdict,
+        ...(reason === undefined ? {} : { reason }),
+      },
+    });
   }
 }

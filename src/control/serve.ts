@@ -304,13 +304,13 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
         () => watch.check(),
       ),
     );
-    consuming = side.bus.consumeControl((delivery) => {
+    consuming = side.bus.consumeControl((batch) => {
       if (!gate()) {
-        countHandedBack();
-        return Promise.resolve("retry");
+        countHandedBack(batch.length);
+        return Promise.resolve(batch.map(() => "retry"));
       }
-      countHandled();
-      return running.handle(delivery);
+      countHandled(batch.length);
+      return running.handleBatch(batch);
     });
     markServing();
     log.info("control.serving", {

@@ -4,6 +4,7 @@
  */
 import type { Kysely, Selectable } from "kysely";
 import type { AccountTable, Database } from "./schema.js";
+import { inTransaction, slices } from "./transaction.js";
 
 export interface AccountRecord {
   node: string;
@@ -24,33 +25,51 @@ export class AccountQueries {
 
   /** Keeps an account as the node's recovery copy and trims the history behind it. */
   async keep(account: AccountRecord): Promise<void> {
-    await this.db.transaction().execute(async (trx) => {
-      await trx
-        .insertInto("accounts")
-        .values({
-          node: account.node,
-          received_at: account.receivedAt,
-          epoch: account.epoch,
-          sequence: account.sequence,
-          report_sequence: account.reportSequence,
-          digest: account.digest,
-          outcome: account.outcome,
-          report: account.report,
-        })
-        .execute();
-      const oldestKept = await trx
-        .selectFrom("accounts")
-        .select("id")
-        .where("node", "=", account.node)
-        .orderBy("id", "desc")
-        .limit(1)
-        .offset(this.historyLimit - 1)
-        .executeTakeFirst();
-      if (oldestKept !== undefined) {
+    await this.keepMany([account]);
+  }
+
+  /**
+   * Keeps accounts in the order given (the last of each node becomes its recovery copy) and trims each node's
+   * history, all in one transaction: a batch of reports costs a few statements, not a few per report.
+   */
+  async keepMany(accounts: readonly AccountRecord[]): Promise<void> {
+    if (accounts.length === 0) return;
+    await inTransaction(this.db, async (trx) => {
+      for (const slice of slices(accounts)) {
+        await trx
+          .insertInto("accounts")
+          .values(
+            slice.map((account) => ({
+              node: account.node,
+              received_at: account.receivedAt,
+              epoch: account.epoch,
+              sequence: account.sequence,
+              report_sequence: account.reportSequence,
+              digest: account.digest,
+              outcome: account.outcome,
+              report: account.report,
+            })),
+          )
+          .execute();
+      }
+      for (const nodes of slices([...new Set(accounts.map((account) => account.node))])) {
+        // Everything behind each node's newest `historyLimit` accounts, ranked within the node.
+        const ranked = trx
+          .selectFrom("accounts")
+          .select((eb) => [
+            "id",
+            eb.fn
+              .agg<number>("row_number")
+              .over((ob) => ob.partitionBy("node").orderBy("id", "desc"))
+              .as("place"),
+          ])
+          .where("node", "in", nodes)
+          .as("ranked");
         await trx
           .deleteFrom("accounts")
-          .where("node", "=", account.node)
-          .where("id", "<", oldestKept.id)
+          .where("id", "in", (eb) =>
+            eb.selectFrom(ranked).select("ranked.id").where("ranked.place", ">", this.historyLimit),
+          )
           .execute();
       }
     });
@@ -58,14 +77,27 @@ export class AccountQueries {
 
   /** The newest kept account, or undefined when the node never reported. */
   async recoveryCopy(node: string): Promise<AccountRecord | undefined> {
-    const row = await this.db
-      .selectFrom("accounts")
-      .selectAll()
-      .where("node", "=", node)
-      .orderBy("id", "desc")
-      .limit(1)
-      .executeTakeFirst();
-    return row === undefined ? undefined : toRecord(row);
+    return (await this.recoveryCopies([node])).get(node);
+  }
+
+  /** The recovery copy of each of these nodes that ever reported. */
+  async recoveryCopies(nodes: readonly string[]): Promise<Map<string, AccountRecord>> {
+    const copies = new Map<string, AccountRecord>();
+    for (const slice of slices([...new Set(nodes)])) {
+      const rows = await this.db
+        .selectFrom("accounts")
+        .selectAll()
+        .where("id", "in", (eb) =>
+          eb
+            .selectFrom("accounts")
+            .select((inner) => inner.fn.max("id").as("id"))
+            .where("node", "in", slice)
+            .groupBy("node"),
+        )
+        .execute();
+      for (const row of rows) copies.set(row.node, toRecord(row));
+    }
+    return copies;
   }
 
   /** Newest first. */

@@ -1,6 +1,7 @@
 /** Declarations as sent: the latest per node and a bounded history behind it. */
 import type { Kysely } from "kysely";
 import type { Database, DeclarationTable } from "./schema.js";
+import { inTransaction, slices } from "./transaction.js";
 
 export interface DeclarationRecord {
   node: string;
@@ -24,7 +25,7 @@ export class DeclarationQueries {
 
   /** Records declarations of many nodes in one transaction, each node's history bounded as for one. */
   async recordMany(declarations: readonly DeclarationRecord[]): Promise<void> {
-    await this.db.transaction().execute(async (trx) => {
+    await inTransaction(this.db, async (trx) => {
       for (const declaration of declarations) {
         await trx
           .insertInto("declarations")
@@ -94,6 +95,59 @@ export class DeclarationQueries {
       .limit(1)
       .executeTakeFirst();
   }
+
+  /**
+   * The (epoch, sequence) of each kept declaration with one of these digests, by node and digest: the ordering
+   * fallback for many reports at once. Where a node holds a digest twice, the newer counts.
+   */
+  async ordersOfDigests(
+    wanted: readonly { node: string; digest: string }[],
+  ): Promise<Map<string, { epoch: number; sequence: number }>> {
+    const orders = new Map<string, { epoch: number; sequence: number }>();
+    const keys = new Set(wanted.map(({ node, digest }) => digestKey(node, digest)));
+    for (const slice of slices([...new Set(wanted.map(({ node }) => node))])) {
+      const inSlice = new Set(slice);
+      const digests = [...new Set(wanted.filter(({ node }) => inSlice.has(node)).map((w) => w.digest))];
+      const rows = await this.db
+        .selectFrom("declarations")
+        .select(["node", "digest", "epoch", "sequence"])
+        .where("node", "in", slice)
+        .where("digest", "in", digests)
+        .execute();
+      for (const row of rows) {
+        const key = digestKey(row.node, row.digest);
+        const known = orders.get(key);
+        if (keys.has(key) && (known === undefined || known.sequence < row.sequence))
+          orders.set(key, { epoch: row.epoch, sequence: row.sequence });
+      }
+    }
+    return orders;
+  }
+
+  /** The (epoch, sequence) of each of these nodes' latest declaration; nodes never declared to are absent. */
+  async latestOrders(nodes: readonly string[]): Promise<Map<string, { epoch: number; sequence: number }>> {
+    const orders = new Map<string, { epoch: number; sequence: number }>();
+    for (const slice of slices([...new Set(nodes)])) {
+      const rows = await this.db
+        .selectFrom("declarations as d")
+        .select(["d.node", "d.epoch", "d.sequence"])
+        .where("d.node", "in", slice)
+        .where("d.sequence", "=", (eb) =>
+          eb
+            .selectFrom("declarations as newest")
+            .select((inner) => inner.fn.max("newest.sequence").as("sequence"))
+            .whereRef("newest.node", "=", "d.node"),
+        )
+        .execute();
+      for (const row of rows) orders.set(row.node, { epoch: row.epoch, sequence: row.sequence });
+    }
+    return orders;
+  }
+}
+
+/** The key `ordersOfDigests` answers under. */
+export function digestKey(node: string, digest: string): string {
+  return `${node}\n${digest}`;
 }
 
 function toRecord(row: DeclarationTable): DeclarationRecord {

@@ -1,6 +1,7 @@
 /** The audit trail: one row per decision the mesh made. */
 import type { Kysely, Selectable } from "kysely";
 import type { Database, EventTable } from "./schema.js";
+import { inTransaction, slices } from "./transaction.js";
 
 export interface MeshEvent {
   at: string;
@@ -24,13 +25,12 @@ export class EventQueries {
   /** Records events in one statement. */
   async recordMany(events: readonly MeshEvent[]): Promise<void> {
     if (events.length === 0) return;
-    await this.db.transaction().execute(async (trx) => {
-      // In slices: one statement may bind only so many values.
-      for (let start = 0; start < events.length; start += 500) {
+    await inTransaction(this.db, async (trx) => {
+      for (const slice of slices(events)) {
         await trx
           .insertInto("events")
           .values(
-            events.slice(start, start + 500).map((event) => ({
+            slice.map((event) => ({
               at: event.at,
               kind: event.kind,
               node: event.node,

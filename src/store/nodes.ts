@@ -2,6 +2,7 @@
 import type { Kysely } from "kysely";
 import { MeshError } from "../errors.js";
 import type { Database, NodeState, NodeTable } from "./schema.js";
+import { inTransaction, slices } from "./transaction.js";
 
 export interface NodeRecord {
   name: string;
@@ -36,6 +37,16 @@ export class NodeQueries {
   async get(name: string): Promise<NodeRecord | undefined> {
     const row = await this.db.selectFrom("nodes").selectAll().where("name", "=", name).executeTakeFirst();
     return row === undefined ? undefined : toRecord(row);
+  }
+
+  /** The records of those of these nodes that exist. */
+  async getMany(names: readonly string[]): Promise<Map<string, NodeRecord>> {
+    const records = new Map<string, NodeRecord>();
+    for (const slice of slices([...new Set(names)])) {
+      const rows = await this.db.selectFrom("nodes").selectAll().where("name", "in", slice).execute();
+      for (const row of rows) records.set(row.name, toRecord(row));
+    }
+    return records;
   }
 
   /** Records what a node sent when it enrolled. A retired node cannot enrol again under its old name. */
@@ -74,7 +85,7 @@ export class NodeQueries {
    */
   async touch(lastSeen: ReadonlyMap<string, string>): Promise<void> {
     if (lastSeen.size === 0) return;
-    await this.db.transaction().execute(async (trx) => {
+    await inTransaction(this.db, async (trx) => {
       for (const [name, at] of lastSeen) {
         await trx
           .updateTable("nodes")
@@ -90,7 +101,7 @@ export class NodeQueries {
   /** The next declaration sequence of each node, allocated in one transaction (every node must exist). */
   async nextDeclarationSequences(names: readonly string[]): Promise<Map<string, number>> {
     const distinct = [...new Set(names)];
-    return this.db.transaction().execute(async (trx) => {
+    return inTransaction(this.db, async (trx) => {
       const sequences = new Map<string, number>();
       // One statement per slice of nodes (a statement binds only so many values), each a compare-and-set on the
       // row itself, so a controller and a command declaring at once never share a sequence.

@@ -20,6 +20,7 @@ import { NodeQueries } from "./nodes.js";
 import { NoEpochQueries } from "./no-epoch.js";
 import type { Database } from "./schema.js";
 import { TokenQueries } from "./tokens.js";
+import { inTransaction } from "./transaction.js";
 import type { Dialect, StoreLocation } from "./url.js";
 import { parseStoreUrl, redact } from "./url.js";
 
@@ -42,7 +43,7 @@ export class Store {
   constructor(
     readonly dialect: Dialect,
     private readonly db: Kysely<Database>,
-    options: StoreOptions,
+    private readonly options: StoreOptions,
   ) {
     this.tokens = new TokenQueries(db);
     this.nodes = new NodeQueries(db);
@@ -53,6 +54,14 @@ export class Store {
     this.counters = new CounterQueries(db);
     this.revokedIdentities = new RevokedIdentityQueries(db);
     this.noEpoch = new NoEpochQueries(db);
+  }
+
+  /**
+   * Runs `work` in one transaction: everything it does through the store it is given commits together, or not
+   * at all. A transaction inside it is this one.
+   */
+  async transaction<T>(work: (store: Store) => Promise<T>): Promise<T> {
+    return inTransaction(this.db, (trx) => work(new Store(this.dialect, trx, this.options)));
   }
 
   /** The lease kept in this store (for deployments without NATS). */

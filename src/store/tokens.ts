@@ -2,6 +2,7 @@
 import type { Kysely } from "kysely";
 import { MeshError } from "../errors.js";
 import type { Database, TokenTable } from "./schema.js";
+import { inTransaction } from "./transaction.js";
 
 export const tokenStatuses = ["valid", "spent", "expired", "revoked"] as const;
 export type TokenStatus = (typeof tokenStatuses)[number];
@@ -38,7 +39,7 @@ export class TokenQueries {
 
   /** Stores a token and creates its node record (state `invited`) if the node has none yet. */
   async issue(token: NewToken): Promise<void> {
-    await this.db.transaction().execute(async (trx) => {
+    await inTransaction(this.db, async (trx) => {
       await trx
         .insertInto("nodes")
         .values({ name: token.node, state: "invited", created_at: token.createdAt, declaration_sequence: 0 })

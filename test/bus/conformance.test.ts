@@ -39,9 +39,9 @@ const payload = (what: string) => Buffer.concat([Buffer.from(`${what} ✓ é\n`)
 /** Consumes the control queue and keeps every delivery, until the side is closed. */
 function collect(side: ControlSide): ControlDelivery[] {
   const got: ControlDelivery[] = [];
-  void side.bus.consumeControl((delivery) => {
-    got.push(delivery);
-    return Promise.resolve("done");
+  void side.bus.consumeControl((batch) => {
+    got.push(...batch);
+    return Promise.resolve(batch.map(() => "done"));
   });
   return got;
 }

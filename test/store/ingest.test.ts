@@ -177,5 +177,111 @@ for (const backend of storeBackends) {
       assert.deepEqual(await store.counters.of("*"), { report_refused: 1 });
       assert.ok(lines.some((line) => line.includes('"event":"report.refused"') && line.includes("bad-1")));
     });
+
+    test("ingest — a batch is judged in arrival order, each report against those before it in the batch", async () => {
+      await enrol("ba1", clock);
+      await enrol("ba2", clock);
+      const garbage: ControlDelivery = {
+        kind: "report",
+        node: "ba2",
+        body: new TextEncoder().encode("{nope"),
+        redelivered: false,
+        receivedAt: clock,
+      };
+      const outcomes = await ingest.handleBatch([
+        delivery("report", "ba1", report("ba1", 1)),
+        delivery("report", "ba2", report("ba2", 1)),
+        delivery("report", "ba1", report("ba1", 2)),
+        // Sent again in the same batch: taken quietly, receipted again.
+        delivery("report", "ba1", report("ba1", 2)),
+        // Older than one kept earlier in this very batch: refused.
+        delivery("report", "ba1", report("ba1", 1)),
+        garbage,
+        delivery("alive", "ba2", { kind: "alive", node: "ba2", sent_at: clock.toISOString() }),
+        delivery("report", "ba1", report("ba1", 3)),
+      ]);
+      assert.deepEqual(outcomes, Array(8).fill("done"));
+      assert.deepEqual(
+        (await store.accounts.history("ba1")).map((a) => a.reportSequence),
+        [3, 2, 1],
+      );
+      assert.equal((await store.accounts.recoveryCopy("ba2"))?.reportSequence, 1);
+      assert.deepEqual(await store.counters.of("ba1"), { report_out_of_order: 1 });
+      assert.deepEqual(await store.counters.of("ba2"), { report_refused: 1 });
+      assert.deepEqual(
+        receipts
+          .filter((r) => r.node === "ba1")
+          .map((r) => {
+            const { report_sequence, verdict } = r.receipt as { report_sequence: number; verdict: string };
+            return `${report_sequence} ${verdict}`;
+          }),
+        ["1 kept", "2 kept", "2 kept", "1 refused", "3 kept"],
+      );
+      await ingest.flush();
+      assert.notEqual((await store.nodes.get("ba2"))?.lastSeen, null);
+    });
+
+    test("ingest — receipts go out only once the batch is committed; a store that fails hands all of it back", async () => {
+      await enrol("co1", clock);
+      await enrol("co2", clock);
+      // Each receipt checks, as it is sent, that the account it answers is already in the store.
+      const checks: Array<Promise<void>> = [];
+      const checkingBus = new Proxy({} as ControlBus, {
+        get: (_, name) =>
+          name === "publishReceipt"
+            ? (node: string, body: Uint8Array) => {
+                const { report_sequence } = JSON.parse(new TextDecoder().decode(body)) as {
+                  report_sequence: number;
+                };
+                checks.push(
+                  store.accounts.history(node).then((kept) => {
+                    assert.ok(
+                      kept.some((a) => a.reportSequence === report_sequence),
+                      `receipt for ${node} ${report_sequence} before its account was stored`,
+                    );
+                  }),
+                );
+                return Promise.resolve();
+              }
+            : () => Promise.reject(new Error(`ingest must not use the bus here (${String(name)})`)),
+      });
+      const checked = new Ingest({
+        store,
+        bus: checkingBus,
+        log: createLogger({ level: "error" }),
+        now: () => clock,
+        resendAfterMs: 1000,
+      });
+      const batch = [1, 2, 3].flatMap((n) => [
+        delivery("report", "co1", report("co1", n)),
+        delivery("report", "co2", report("co2", n)),
+      ]);
+      assert.deepEqual(await checked.handleBatch(batch), Array(6).fill("done"));
+      assert.equal(checks.length, 6);
+      await Promise.all(checks);
+
+      // The same batch's successors through a store that is gone: every delivery handed back, nothing sent.
+      const elsewhere = await backend.fresh();
+      const broken = await openStore(elsewhere.url, { historyLimit: 10 });
+      await broken.close();
+      const failing = new Ingest({
+        store: broken,
+        bus: checkingBus,
+        log: createLogger({ write: (line) => lines.push(line), pretty: false }),
+        now: () => clock,
+        resendAfterMs: 1000,
+      });
+      const later = [4, 5].map((n) => delivery("report", "co1", report("co1", n)));
+      assert.deepEqual(await failing.handleBatch(later), ["retry", "retry"]);
+      assert.equal(checks.length, 6, "no receipt for a batch that was not written");
+      assert.ok(
+        lines.some((line) => line.includes('"event":"ingest.failed"') && line.includes('"deliveries":2')),
+      );
+      await elsewhere.cleanup();
+      // Redelivered to a working store, the batch is kept as if nothing had happened.
+      assert.deepEqual(await checked.handleBatch(later), ["done", "done"]);
+      await Promise.all(checks);
+      assert.equal((await store.accounts.recoveryCopy("co1"))?.reportSequence, 5);
+    });
   });
 }

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { StoreError, UsageError } from "../../src/errors.js";
 import type { Store } from "../../src/store/index.js";
-import { openStore } from "../../src/store/index.js";
+import { digestKey, openStore } from "../../src/store/index.js";
 import { storeBackends } from "../support/stores.js";
 
 const options = { historyLimit: 3 };
@@ -240,6 +240,144 @@ for (const backend of storeBackends) {
       assert.deepEqual(
         (await store.accounts.history("acct-1")).map((a) => a.sequence),
         [4, 3, 2],
+      );
+    });
+
+    test("batches — accounts of many nodes kept at once: each node's last is its copy, each history bounded", async () => {
+      const nodes = ["batch-a", "batch-b", "batch-c"];
+      for (const [index, node] of nodes.entries()) {
+        await store.tokens.issue({
+          id: `tok_00000000002${index}`,
+          node,
+          secretHash: "c0",
+          createdAt: at(0),
+          expiresAt: at(60),
+        });
+      }
+      const account = (node: string, n: number) => ({
+        node,
+        receivedAt: at(n),
+        epoch: 1,
+        sequence: n,
+        reportSequence: n,
+        digest: `sha256:${node}:${n}`,
+        outcome: "applied",
+        report: JSON.stringify({ node, n }),
+      });
+      // batch-a five times (two more than the history holds), batch-b twice, interleaved; batch-c never.
+      await store.accounts.keepMany([
+        account("batch-a", 1),
+        account("batch-b", 1),
+        account("batch-a", 2),
+        account("batch-a", 3),
+        account("batch-b", 2),
+        account("batch-a", 4),
+        account("batch-a", 5),
+      ]);
+      assert.deepEqual(
+        (await store.accounts.history("batch-a")).map((a) => a.sequence),
+        [5, 4, 3],
+      );
+      assert.deepEqual(
+        (await store.accounts.history("batch-b")).map((a) => a.sequence),
+        [2, 1],
+      );
+      const copies = await store.accounts.recoveryCopies(nodes);
+      assert.deepEqual([...copies].map(([node, copy]) => [node, copy.sequence]).sort(), [
+        ["batch-a", 5],
+        ["batch-b", 2],
+      ]);
+      const records = await store.nodes.getMany([...nodes, "batch-nobody"]);
+      assert.deepEqual([...records.keys()].sort(), nodes);
+      assert.equal(records.get("batch-a")?.state, "invited");
+    });
+
+    test("batches — orders of digests and latest orders of many nodes, in a few statements", async () => {
+      for (const [index, node] of ["order-a", "order-b"].entries()) {
+        await store.tokens.issue({
+          id: `tok_00000000003${index}`,
+          node,
+          secretHash: "c1",
+          createdAt: at(0),
+          expiresAt: at(60),
+        });
+      }
+      const declaration = (node: string, sequence: number, digest: string, epoch = 2) => ({
+        node,
+        sequence,
+        epoch,
+        issuedAt: at(sequence),
+        digest,
+        envelope: "{}",
+      });
+      // order-a holds the same digest twice (declared, changed, declared back): the newer counts.
+      await store.declarations.recordMany([
+        declaration("order-a", 1, "sha256:x"),
+        declaration("order-a", 2, "sha256:y"),
+        declaration("order-a", 3, "sha256:x", 3),
+        declaration("order-b", 1, "sha256:y"),
+      ]);
+      const orders = await store.declarations.ordersOfDigests([
+        { node: "order-a", digest: "sha256:x" },
+        { node: "order-a", digest: "sha256:y" },
+        { node: "order-b", digest: "sha256:y" },
+        // Asked for, held by another node only: absent.
+        { node: "order-b", digest: "sha256:x" },
+      ]);
+      assert.deepEqual(Object.fromEntries(orders), {
+        [digestKey("order-a", "sha256:x")]: { epoch: 3, sequence: 3 },
+        [digestKey("order-a", "sha256:y")]: { epoch: 2, sequence: 2 },
+        [digestKey("order-b", "sha256:y")]: { epoch: 2, sequence: 1 },
+      });
+      const latest = await store.declarations.latestOrders(["order-a", "order-b", "order-none"]);
+      assert.deepEqual(Object.fromEntries(latest), {
+        "order-a": { epoch: 3, sequence: 3 },
+        "order-b": { epoch: 2, sequence: 1 },
+      });
+    });
+
+    test("batches — counters added many at once sum per counter; a transaction commits all or nothing", async () => {
+      await store.counters.addMany([
+        { node: "count-1", name: "report_refused", by: 1 },
+        { node: "count-1", name: "report_refused", by: 2 },
+        { node: "count-1", name: "alive_refused", by: 1 },
+        { node: "count-2", name: "report_refused", by: 1 },
+      ]);
+      await store.counters.addMany([{ node: "count-1", name: "report_refused", by: 4 }]);
+      assert.deepEqual(await store.counters.of("count-1"), { report_refused: 7, alive_refused: 1 });
+      assert.deepEqual(await store.counters.of("count-2"), { report_refused: 1 });
+
+      await assert.rejects(
+        store.transaction(async (tx) => {
+          await tx.counters.add("count-2", "report_refused", 10);
+          await tx.events.record({
+            at: at(1),
+            kind: "test.rolled_back",
+            node: "count-2",
+            epoch: null,
+            detail: {},
+          });
+          throw new Error("the batch failed half-way");
+        }),
+        /half-way/,
+      );
+      assert.deepEqual(await store.counters.of("count-2"), { report_refused: 1 });
+      assert.deepEqual(await store.events.list({ limit: 10, node: "count-2" }), []);
+
+      await store.transaction(async (tx) => {
+        await tx.counters.add("count-2", "report_refused", 10);
+        await tx.events.record({
+          at: at(2),
+          kind: "test.committed",
+          node: "count-2",
+          epoch: null,
+          detail: {},
+        });
+      });
+      assert.deepEqual(await store.counters.of("count-2"), { report_refused: 11 });
+      assert.deepEqual(
+        (await store.events.list({ limit: 10, node: "count-2" })).map((e) => e.kind),
+        ["test.committed"],
       );
     });
 

@@ -16,7 +16,8 @@ const side = await openControlSide(dataDir, { url }, createLogger({ level: "erro
 });
 await side.bus.assert();
 process.stdout.write("consuming\n");
-await side.bus.consumeControl((delivery) => {
-  process.stdout.write(`took ${delivery.kind} ${Buffer.from(delivery.body).toString("base64")}\n`);
+await side.bus.consumeControl((batch) => {
+  for (const delivery of batch)
+    process.stdout.write(`took ${delivery.kind} ${Buffer.from(delivery.body).toString("base64")}\n`);
   return new Promise(() => undefined);
 });

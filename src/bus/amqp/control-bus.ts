@@ -17,7 +17,15 @@ import {
 } from "../../link/index.js";
 import type { Logger } from "../../log.js";
 import { errorText } from "../../log.js";
-import type { ControlBus, ControlDelivery, DeliveryOutcome, EnrolAnswer, EnrolRequest } from "../bus.js";
+import { Arrivals } from "../batches.js";
+import type {
+  ControlBus,
+  ControlDelivery,
+  ControlHandler,
+  DeliveryOutcome,
+  EnrolAnswer,
+  EnrolRequest,
+} from "../bus.js";
 import type { AmqpLink } from "./link.js";
 import { PublishChannel } from "./link.js";
 import type { MeshUsers } from "./users.js";
@@ -29,13 +37,22 @@ const controlPrefetch = 256;
 /** How long a message the handler gave back waits before the broker offers it again. */
 const retryAfterMs = 1000;
 
+/** A message and the channel it is acknowledged on. */
+interface Arrived {
+  channel: Channel;
+  message: ConsumeMessage;
+}
+
+const isEnrol = (message: ConsumeMessage) => message.fields.routingKey === controlRoutingKey("enrol");
+
 export class AmqpControlBus implements ControlBus {
   private readonly publisher: PublishChannel;
   private answer: ((request: EnrolRequest) => Promise<EnrolAnswer>) | undefined;
   private consumer: { channel: Channel; tag: string } | undefined;
   private stopConsuming: () => void = () => undefined;
   private closing = false;
-  /** Messages are handled one at a time, in the order they arrive. */
+  /** Messages as they arrive, handed over in order. */
+  private readonly arrivals = new Arrivals<Arrived>();
   private queue: Promise<void> = Promise.resolve();
 
   constructor(
@@ -67,17 +84,16 @@ export class AmqpControlBus implements ControlBus {
     await Promise.resolve();
   }
 
-  async consumeControl(handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>): Promise<void> {
+  async consumeControl(handle: ControlHandler): Promise<void> {
     const stopped = new Promise<void>((resolve) => (this.stopConsuming = resolve));
-    await this.link.onEveryConnection((connection) => this.startConsumer(connection, handle));
+    this.queue = this.work(handle);
+    await this.link.onEveryConnection((connection) => this.startConsumer(connection));
     await stopped;
+    this.arrivals.end();
     await this.queue;
   }
 
-  private async startConsumer(
-    connection: ChannelModel,
-    handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>,
-  ): Promise<void> {
+  private async startConsumer(connection: ChannelModel): Promise<void> {
     if (this.closing) return;
     const channel = await connection.createChannel();
     channel.on("error", (error: Error) =>
@@ -92,29 +108,42 @@ export class AmqpControlBus implements ControlBus {
           this.log.error("control.consumer_cancelled", { queue: controlQueue });
           return;
         }
-        this.queue = this.queue.then(() => this.deliver(channel, message, handle));
+        this.arrivals.push({ channel, message });
       },
       { noAck: false },
     );
     this.consumer = { channel, tag: consumerTag };
   }
 
-  private async deliver(
-    channel: Channel,
-    message: ConsumeMessage,
-    handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>,
-  ): Promise<void> {
-    let outcome: DeliveryOutcome;
-    try {
-      outcome =
-        message.fields.routingKey === controlRoutingKey("enrol")
-          ? await this.enrol(message)
-          : await handle(this.delivery(message));
-    } catch (error) {
-      this.log.error("control.handler_failed", { error: errorText(error) });
-      outcome = "retry";
+  /**
+   * Handles what arrives, in order: an enrolment on its own, the reports and alives between two enrolments in
+   * batches.
+   */
+  private async work(handle: ControlHandler): Promise<void> {
+    for await (const arrived of this.arrivals.batches(controlPrefetch)) {
+      let start = 0;
+      while (start < arrived.length) {
+        const first = arrived[start] as Arrived;
+        if (isEnrol(first.message)) {
+          this.settle(first, await this.enrol(first.message).catch((error: unknown) => this.failed(error)));
+          start++;
+          continue;
+        }
+        let end = start;
+        while (end < arrived.length && !isEnrol((arrived[end] as Arrived).message)) end++;
+        const run = arrived.slice(start, end);
+        const outcomes = await handle(run.map(({ message }) => this.delivery(message))).catch(
+          (error: unknown) => run.map(() => this.failed(error)),
+        );
+        run.forEach((one, i) => this.settle(one, outcomes[i] ?? "retry"));
+        start = end;
+      }
     }
-    this.settle(channel, message, outcome);
+  }
+
+  private failed(error: unknown): DeliveryOutcome {
+    this.log.error("control.handler_failed", { error: errorText(error) });
+    return "retry";
   }
 
   private delivery(message: ConsumeMessage): ControlDelivery {
@@ -154,7 +183,7 @@ export class AmqpControlBus implements ControlBus {
     return "done";
   }
 
-  private settle(channel: Channel, message: ConsumeMessage, outcome: DeliveryOutcome): void {
+  private settle({ channel, message }: Arrived, outcome: DeliveryOutcome): void {
     try {
       if (outcome === "done") {
         channel.ack(message);
@@ -216,6 +245,7 @@ export class AmqpControlBus implements ControlBus {
       });
     }
     this.stopConsuming();
+    this.arrivals.end();
     await this.queue;
     await this.publisher.close();
     await this.link.close();

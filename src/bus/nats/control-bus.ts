@@ -25,7 +25,9 @@ import {
 } from "../../link/index.js";
 import type { Logger } from "../../log.js";
 import { errorText } from "../../log.js";
-import type { ControlBus, ControlDelivery, DeliveryOutcome, EnrolAnswer, EnrolRequest } from "../bus.js";
+import { inBatches } from "../batches.js";
+import type { ControlBus, ControlDelivery, ControlHandler, EnrolAnswer, EnrolRequest } from "../bus.js";
+import { controlBatchMax } from "../bus.js";
 import { BusError } from "../errors.js";
 
 export const controlStream = "MESH_CONTROL";
@@ -134,23 +136,29 @@ export class NatsControlBus implements ControlBus {
     await this.nc.flush();
   }
 
-  async consumeControl(handle: (delivery: ControlDelivery) => Promise<DeliveryOutcome>): Promise<void> {
+  async consumeControl(handle: ControlHandler): Promise<void> {
     const consume = async (stream: string, kind: ControlDelivery["kind"]) => {
       const consumer = await this.js.consumers.get(stream, controlConsumer);
-      const messages = await consumer.consume({ max_messages: 256 });
+      const messages = await consumer.consume({ max_messages: controlBatchMax });
       this.consuming.push(messages);
-      for await (const msg of messages) {
-        const read = readControlSubject(msg.subject);
-        const outcome = await handle({
-          // The subject says what it is (a stream from an older layout may still hold both kinds).
-          kind: read?.kind === "report" || read?.kind === "alive" ? read.kind : kind,
-          node: read?.node,
-          body: msg.data,
-          redelivered: msg.redelivered,
-          receivedAt: msg.time,
+      for await (const batch of inBatches(messages, controlBatchMax)) {
+        const outcomes = await handle(
+          batch.map((msg) => {
+            const read = readControlSubject(msg.subject);
+            return {
+              // The subject says what it is (a stream from an older layout may still hold both kinds).
+              kind: read?.kind === "report" || read?.kind === "alive" ? read.kind : kind,
+              node: read?.node,
+              body: msg.data,
+              redelivered: msg.redelivered,
+              receivedAt: msg.time,
+            };
+          }),
+        );
+        batch.forEach((msg, i) => {
+          if (outcomes[i] === "done") msg.ack();
+          else msg.nak(1000);
         });
-        if (outcome === "done") msg.ack();
-        else msg.nak(1000);
       }
     };
     await Promise.all([consume(controlStream, "report"), consume(aliveStream, "alive")]);

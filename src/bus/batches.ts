@@ -1,0 +1,56 @@
+/**
+ * Handing the control plane what has arrived in batches: whatever waits when it is ready for more, in arrival
+ * order, at most `max` at a time. Under light traffic a batch is one message and nothing waits on a timer; under
+ * load the batches grow, and the store is written once per batch instead of once per message.
+ */
+export class Arrivals<T> {
+  private readonly waiting: T[] = [];
+  private wake: (() => void) | undefined;
+  private ended = false;
+
+  push(item: T): void {
+    this.waiting.push(item);
+    this.wake?.();
+  }
+
+  /** No more arrivals: the batches end once what waits is handed over. */
+  end(): void {
+    this.ended = true;
+    this.wake?.();
+  }
+
+  async *batches(max: number): AsyncGenerator<T[]> {
+    for (;;) {
+      if (this.waiting.length > 0) {
+        yield this.waiting.splice(0, max);
+        continue;
+      }
+      if (this.ended) return;
+      await new Promise<void>((resolve) => (this.wake = resolve));
+      this.wake = undefined;
+    }
+  }
+
+  /** How many arrived and are not handed over yet. */
+  get length(): number {
+    return this.waiting.length;
+  }
+}
+
+/** The batches of an async source (a consumer's message iterator); a failure of the source ends them with it. */
+export async function* inBatches<T>(source: AsyncIterable<T>, max: number): AsyncGenerator<T[]> {
+  const arrivals = new Arrivals<T>();
+  let failure: { error: unknown } | undefined;
+  const pump = (async () => {
+    try {
+      for await (const item of source) arrivals.push(item);
+    } catch (error) {
+      failure = { error };
+    } finally {
+      arrivals.end();
+    }
+  })();
+  yield* arrivals.batches(max);
+  await pump;
+  if (failure !== undefined) throw failure.error;
+}
