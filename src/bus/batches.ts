@@ -3,6 +3,9 @@
  * order, at most `max` at a time. Under light traffic a batch is one message and nothing waits on a timer; under
  * load the batches grow, and the store is written once per batch instead of once per message.
  */
+/** How many event-loop turns a batch may wait for more to arrive. */
+const gatherTurns = 8;
+
 export class Arrivals<T> {
   private readonly waiting: T[] = [];
   private wake: (() => void) | undefined;
@@ -22,6 +25,14 @@ export class Arrivals<T> {
   async *batches(max: number): AsyncGenerator<T[]> {
     for (;;) {
       if (this.waiting.length > 0) {
+        // More arriving while the last batch was handled means load: let the event loop read what the socket
+        // holds (a turn or a few) before handing over, so a batch is not cut at one read's worth. Alone, a message
+        // waits one turn.
+        for (let turn = 0; turn < gatherTurns && this.waiting.length < max; turn++) {
+          const before = this.waiting.length;
+          await new Promise((resolve) => setImmediate(resolve));
+          if (this.waiting.length === before) break;
+        }
         yield this.waiting.splice(0, max);
         continue;
       }

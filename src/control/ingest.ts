@@ -20,6 +20,8 @@ import type { AccountRecord, MeshEvent, NodeRecord, Store } from "../store/index
 import { digestKey } from "../store/index.js";
 import { resendLatest } from "./declarations.js";
 
+const utf8 = new TextDecoder();
+
 export interface IngestContext {
   store: Store;
   bus: ControlBus;
@@ -150,7 +152,7 @@ export class Ingest {
       reports.push({
         node,
         report,
-        text: new TextDecoder().decode(delivery.body),
+        text: utf8.decode(delivery.body),
         enrolledAt: record.enrolledAt,
       });
     }

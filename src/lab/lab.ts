@@ -72,6 +72,7 @@ export class Lab {
   private readonly runs: Promise<void>[] = [];
   private readonly stopped: { node: string; error: string }[] = [];
   private joins: JoinOutcome[] = [];
+  private whenStopped: Promise<void> | undefined;
   private stopping = false;
 
   constructor(private readonly settings: LabSettings) {
@@ -235,11 +236,15 @@ export class Lab {
     return this.nodes.get(node)?.agent;
   }
 
-  async stop(): Promise<void> {
-    this.stopping = true;
-    await Promise.all([...this.nodes.values()].map((node) => node.agent?.stop() ?? Promise.resolve()));
-    await Promise.all(this.runs);
-    await Promise.all(this.connections.map((connection) => connection.close()));
+  /** Stops every node and closes the connections; stopping again waits for the first stop. */
+  stop(): Promise<void> {
+    this.whenStopped ??= (async () => {
+      this.stopping = true;
+      await Promise.all([...this.nodes.values()].map((node) => node.agent?.stop() ?? Promise.resolve()));
+      await Promise.all(this.runs);
+      await Promise.all(this.connections.map((connection) => connection.close()));
+    })();
+    return this.whenStopped;
   }
 }
 

@@ -2,7 +2,9 @@
  * Accounts: the reports nodes sent about themselves. The newest kept account is the node's recovery copy; a
  * bounded history stands behind it. An account is a statement by the node, never what the node should hold.
  */
-import type { Kysely, Selectable } from "kysely";
+import type { Insertable, Kysely, Selectable } from "kysely";
+import { CompiledQuery } from "kysely";
+import { StoreError } from "../errors.js";
 import type { AccountTable, Database } from "./schema.js";
 import { inTransaction, slices } from "./transaction.js";
 
@@ -21,6 +23,8 @@ export class AccountQueries {
   constructor(
     private readonly db: Kysely<Database>,
     private readonly historyLimit: number,
+    /** The insert statement's SQL by number of rows, shared by the store's transactions. */
+    private readonly insertText = new Map<number, string>(),
   ) {}
 
   /** Keeps an account as the node's recovery copy and trims the history behind it. */
@@ -35,23 +39,7 @@ export class AccountQueries {
   async keepMany(accounts: readonly AccountRecord[]): Promise<void> {
     if (accounts.length === 0) return;
     await inTransaction(this.db, async (trx) => {
-      for (const slice of slices(accounts)) {
-        await trx
-          .insertInto("accounts")
-          .values(
-            slice.map((account) => ({
-              node: account.node,
-              received_at: account.receivedAt,
-              epoch: account.epoch,
-              sequence: account.sequence,
-              report_sequence: account.reportSequence,
-              digest: account.digest,
-              outcome: account.outcome,
-              report: account.report,
-            })),
-          )
-          .execute();
-      }
+      for (const slice of slices(accounts)) await this.insert(trx, slice);
       for (const nodes of slices([...new Set(accounts.map((account) => account.node))])) {
         // Everything behind each node's newest `historyLimit` accounts, ranked within the node.
         const ranked = trx
@@ -73,6 +61,28 @@ export class AccountQueries {
           .execute();
       }
     });
+  }
+
+  /**
+   * Inserts accounts in one statement. Building a statement of a few hundred rows costs more than running it, so
+   * its SQL is built once for each number of rows and the values are bound in the same order.
+   */
+  private async insert(trx: Kysely<Database>, accounts: readonly AccountRecord[]): Promise<void> {
+    const rows = accounts.map(toRow);
+    const parameters = rows.flatMap((row) => Object.values(row));
+    let text = this.insertText.get(rows.length);
+    if (text === undefined) {
+      const compiled = trx.insertInto("accounts").values(rows).compile();
+      // Checked when built: the statement binds exactly these values in this order.
+      if (
+        compiled.parameters.length !== parameters.length ||
+        compiled.parameters.some((v, i) => v !== parameters[i])
+      )
+        throw new StoreError("the accounts insert binds its values in an unexpected order");
+      text = compiled.sql;
+      this.insertText.set(rows.length, text);
+    }
+    await trx.executeQuery(CompiledQuery.raw(text, parameters));
   }
 
   /** The newest kept account, or undefined when the node never reported. */
@@ -110,6 +120,20 @@ export class AccountQueries {
       .execute();
     return rows.map(toRecord);
   }
+}
+
+/** An account as a row, its columns always in this order. */
+function toRow(account: AccountRecord): Insertable<AccountTable> {
+  return {
+    node: account.node,
+    received_at: account.receivedAt,
+    epoch: account.epoch,
+    sequence: account.sequence,
+    report_sequence: account.reportSequence,
+    digest: account.digest,
+    outcome: account.outcome,
+    report: account.report,
+  };
 }
 
 function toRecord(row: Selectable<AccountTable>): AccountRecord {

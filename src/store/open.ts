@@ -44,11 +44,13 @@ export class Store {
     readonly dialect: Dialect,
     private readonly db: Kysely<Database>,
     private readonly options: StoreOptions,
+    /** Statement texts built once, shared with the store handed to each transaction. */
+    private readonly accountInserts = new Map<number, string>(),
   ) {
     this.tokens = new TokenQueries(db);
     this.nodes = new NodeQueries(db);
     this.declarations = new DeclarationQueries(db, options.historyLimit);
-    this.accounts = new AccountQueries(db, options.historyLimit);
+    this.accounts = new AccountQueries(db, options.historyLimit, accountInserts);
     this.events = new EventQueries(db);
     this.epochs = new EpochQueries(db);
     this.counters = new CounterQueries(db);
@@ -61,7 +63,9 @@ export class Store {
    * at all. A transaction inside it is this one.
    */
   async transaction<T>(work: (store: Store) => Promise<T>): Promise<T> {
-    return inTransaction(this.db, (trx) => work(new Store(this.dialect, trx, this.options)));
+    return inTransaction(this.db, (trx) =>
+      work(new Store(this.dialect, trx, this.options, this.accountInserts)),
+    );
   }
 
   /** The lease kept in this store (for deployments without NATS). */
