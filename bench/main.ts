@@ -13,25 +13,23 @@ import { join } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { connect, jwtAuthenticator } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { openControlSide, openIdentities, openNatsIdentities } from "../src/bus/index.js";
+import { openIdentities, openNatsIdentities } from "../src/bus/index.js";
 import { openLabConnection } from "../src/bus/lab.js";
 import { connectNats } from "../src/bus/nats/connect.js";
 import { parseDuration } from "../src/config/duration.js";
 import { compileMeshOptions } from "../src/config/options.js";
 import type { SentDeclaration } from "../src/control/declarations.js";
-import { declareMany } from "../src/control/declarations.js";
 import { loadOrCreateSigningKey } from "../src/keys/index.js";
 import { Lab } from "../src/lab/lab.js";
 import { spread } from "../src/lab/figures.js";
 import { decodeToken, encodeMessage } from "../src/link/index.js";
-import { epochOf } from "../src/lease/lease.js";
 import { createLogger } from "../src/log.js";
 import { openStore } from "../src/store/index.js";
 import type { BenchOptions } from "./args.js";
 import { BenchUsageError, parseBenchArgs } from "./args.js";
 import { runFailover } from "./failover.js";
 import type { ServeProcess } from "./mesh.js";
-import { cpuSeconds, root, rssMiB, startBroker, startServe } from "./mesh.js";
+import { cpuSeconds, root, rssMiB, runMesh, startBroker, startServe } from "./mesh.js";
 import type { Figure } from "./table.js";
 import { formatFigureTable } from "./table.js";
 
@@ -237,25 +235,30 @@ async function benchMesh(): Promise<void> {
 
     const sent = new Map<string, SentDeclaration>();
     if (has("fanout") || has("convergence") || has("ingest")) {
-      const side = await openControlSide(data, { url: broker.url }, log, { longLived: false });
-      try {
-        const current = await (await side.lease(meshOptions.lease.ttlMs, store)).read();
-        if (current === undefined) throw new Error("nobody holds the lease: is serve running?");
-        const epoch = epochOf(current);
-        const files = [{ path: "/etc/bench", content: "declared by the benchmark\n" }];
-        const nodes = lab.names;
-        const startedAt = performance.now();
-        // As `mesh declare --all` does: one batch for every node.
-        const declared = await declareMany(
-          { store, signing, bus: side.bus, now: () => new Date() },
-          nodes,
-          files,
-          epoch,
-        );
-        for (const one of declared) sent.set(one.node, one);
-        const fanoutMs = performance.now() - startedAt;
-        await waitFor(() => converged.size >= lab.status().running, 300_000);
-        const convergedMs = [...converged.values()].map((t) => t - startedAt);
+      const files = [{ path: "/etc/bench", content: "declared by the benchmark\n" }];
+      const declarationFile = join(dir, "bench-declaration.json");
+      writeFileSync(declarationFile, JSON.stringify({ files }));
+      const nodes = lab.names;
+      // As an operator does it: `mesh declare --all` in a process of its own, timed from its start (loading
+      // included) to its exit; convergence is timed from the same start.
+      // Baseline: the same command declaring to one node, so the process's own start is seen apart.
+      const first = nodes[0] ?? "";
+      let startedAt = performance.now();
+      await runMesh(data, ["declare", first, "-f", declarationFile, "--json"]);
+      const oneMs = performance.now() - startedAt;
+      await waitFor(() => converged.has(first), 60_000);
+      converged.delete(first);
+      appliedNodes.delete(first);
+      startedAt = performance.now();
+      await runMesh(data, ["declare", "--all", "-f", declarationFile, "--json"]);
+      const fanoutMs = performance.now() - startedAt;
+      await waitFor(() => converged.size >= lab.status().running, 300_000);
+      const convergedMs = [...converged.values()].map((t) => t - startedAt);
+      for (const node of nodes) {
+        const latest = await store.declarations.latest(node);
+        if (latest !== undefined) sent.set(node, latest);
+      }
+      {
         // Baseline: the same number of envelopes of the same size, published raw by the same client library.
         const envelope = (await store.declarations.latest(nodes[0] ?? ""))?.envelope ?? "";
         const nc = await controlConnection(data, broker.url);
@@ -269,22 +272,26 @@ async function benchMesh(): Promise<void> {
           `fan-out: ${nodes.length} declarations in ${fanoutMs.toFixed(0)} ms; converged ${converged.size}`,
         );
         if (has("fanout")) {
+          // What the command adds for each further node: its whole run less its run for one node.
+          const marginalMs = Math.max(fanoutMs - oneMs, 1);
           figures.push(
             {
               part: "fanout",
               what: "declarations composed, signed, stored, sent",
-              value: nodes.length / (fanoutMs / 1000),
+              value: (nodes.length - 1) / (marginalMs / 1000),
               unit: "/s",
               baseline: { value: nodes.length / (rawMs / 1000), what: "raw publish, same bytes" },
+              note: "`mesh declare --all` less `mesh declare <one node>`",
             },
             {
               part: "fanout",
-              what: `one to each of ${nodes.length} nodes`,
+              what: `\`mesh declare --all\` to ${nodes.length} nodes, start to exit`,
               value: fanoutMs,
               unit: "ms",
-              baseline: { value: rawMs, what: "raw publish, same bytes" },
+              baseline: { value: oneMs, what: "the same to one node" },
             },
           );
+          extra.fanout = { all_ms: fanoutMs, one_ms: oneMs, raw_publish_ms: rawMs };
         }
         if (has("convergence")) {
           const c = spread(convergedMs);
@@ -296,7 +303,7 @@ async function benchMesh(): Promise<void> {
                 what: "declare → applied and kept, p50",
                 value: c.p50,
                 unit: "ms",
-                baseline: { value: fanoutMs, what: "sending them all" },
+                baseline: { value: fanoutMs, what: "`mesh declare --all` exits" },
                 note,
               },
               {
@@ -304,21 +311,19 @@ async function benchMesh(): Promise<void> {
                 what: "declare → applied and kept, p99",
                 value: c.p99,
                 unit: "ms",
-                baseline: { value: fanoutMs, what: "sending them all" },
+                baseline: { value: fanoutMs, what: "`mesh declare --all` exits" },
               },
               {
                 part: "convergence",
                 what: "declare → applied and kept, max",
                 value: c.max,
                 unit: "ms",
-                baseline: { value: fanoutMs, what: "sending them all" },
+                baseline: { value: fanoutMs, what: "`mesh declare --all` exits" },
                 target: N >= 10_000 ? "≤ 5 s" : "",
               },
             );
           }
         }
-      } finally {
-        await side.close();
       }
     }
 

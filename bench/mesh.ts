@@ -2,7 +2,7 @@
  * What the benchmarks run against: an operator's nats-server configured from `mesh broker config`, and
  * `mesh serve` as its own process (so its CPU and memory are its own, and it can run under --cpu-prof).
  */
-import { execFileSync, spawn } from "node:child_process";
+import { execFile, execFileSync, spawn } from "node:child_process";
 import { mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { RunningNatsServer } from "../src/bus/index.js";
@@ -15,6 +15,21 @@ export function meshCli(data: string, args: readonly string[]): string {
   return execFileSync(process.execPath, [`${root}bin/mesh.js`, "--data", data, ...args], {
     env: { ...process.env, MESH_HOME: "" },
     encoding: "utf8",
+  });
+}
+
+/** Runs a `mesh` command in a process of its own without blocking this one (its simulated nodes keep running). */
+export function runMesh(data: string, args: readonly string[]): Promise<string> {
+  return new Promise((resolve, reject) => {
+    execFile(
+      process.execPath,
+      [`${root}bin/mesh.js`, "--data", data, ...args],
+      { env: { ...process.env, MESH_HOME: "" }, encoding: "utf8", maxBuffer: 64 * 1024 * 1024 },
+      (error, stdout, stderr) => {
+        if (error === null) resolve(stdout);
+        else reject(new Error(`mesh ${args.join(" ")} failed: ${error.message}\n${stderr.slice(-2000)}`));
+      },
+    );
   });
 }
 
