@@ -6,6 +6,8 @@ export type BenchPart = (typeof benchParts)[number];
 
 export interface BenchOptions {
   nodes: number;
+  /** Which broker the mesh runs on. */
+  broker: "nats" | "amqp";
   parts: BenchPart[];
   /** How long the steady-state window is. */
   steadyMs: number;
@@ -30,6 +32,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       args: [...argv],
       options: {
         nodes: { type: "string", default: "1000" },
+        broker: { type: "string", default: "nats" },
         only: { type: "string" },
         "steady-window": { type: "string", default: "60" },
         "alive-every": { type: "string", default: "15" },
@@ -47,7 +50,16 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     throw new BenchUsageError((error as Error).message);
   }
   const nodes = whole(values.nodes, "--nodes", 1, 100_000);
-  const parts = values.only === undefined ? [...benchParts] : partsOf(values.only);
+  const broker = values.broker;
+  if (broker !== "nats" && broker !== "amqp")
+    throw new BenchUsageError(`--broker: "${broker}" is neither nats nor amqp`);
+  // The failover part times the NATS KV lease; on RabbitMQ the lease is the store's, timed by the tests.
+  const parts =
+    values.only === undefined
+      ? benchParts.filter((part) => broker === "nats" || part !== "failover")
+      : partsOf(values.only);
+  if (broker === "amqp" && parts.includes("failover"))
+    throw new BenchUsageError("--only failover: the failover part runs on NATS only");
   // Alone, failover runs the full trials on the production lease timings; inside the whole table it is shortened.
   const alone = parts.length === 1 && parts[0] === "failover";
   const shortened = !alone && values.trials === undefined && values.ttl === undefined;
@@ -60,6 +72,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
   };
   return {
     nodes,
+    broker,
     parts,
     steadyMs: whole(values["steady-window"], "--steady-window (seconds)", 1, 3600) * 1000,
     aliveEveryMs: whole(values["alive-every"], "--alive-every (seconds)", 1, 3600) * 1000,

@@ -7,7 +7,7 @@ import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { startBroker } from "./mesh.js";
+import { startBenchBroker } from "./broker.js";
 
 export interface FailoverSettings {
   trials: number;
@@ -57,7 +57,7 @@ export async function runFailover(values: FailoverSettings): Promise<number[]> {
     };
   }
 
-  const server = await startBroker(data, dir);
+  const server = await startBenchBroker("nats", data, dir);
   const times: number[] = [];
   try {
     let holder = startController(server.url);

@@ -2,7 +2,7 @@
  * `npm run bench`: the control plane's figures, each beside a baseline measured in the same run, in one table,
  * and the same figures as JSON under bench/results/.
  *
- *   npm run bench -- [--nodes 1000] [--only enrolment,steady,fanout,convergence,ingest,failover]
+ *   npm run bench -- [--nodes 1000] [--broker nats|amqp] [--only enrolment,steady,fanout,convergence,ingest,failover]
  *                    [--steady-window 60] [--alive-every 15] [--reports-per-node 9] [--join-concurrency N]
  *                    [--trials N --ttl 15s --renew 5s --margin 3s] [--profile]
  */
@@ -10,26 +10,23 @@ import { execFileSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
-import type { NatsConnection } from "@nats-io/transport-node";
-import { connect, jwtAuthenticator } from "@nats-io/transport-node";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { openIdentities, openNatsIdentities } from "../src/bus/index.js";
-import { openLabConnection } from "../src/bus/lab.js";
-import { connectNats } from "../src/bus/nats/connect.js";
+import { freePort, openIdentities } from "../src/bus/index.js";
 import { parseDuration } from "../src/config/duration.js";
 import { compileMeshOptions } from "../src/config/options.js";
 import type { SentDeclaration } from "../src/control/declarations.js";
 import { loadOrCreateSigningKey } from "../src/keys/index.js";
 import { Lab } from "../src/lab/lab.js";
 import { spread } from "../src/lab/figures.js";
-import { decodeToken, encodeMessage } from "../src/link/index.js";
+import { encodeMessage } from "../src/link/index.js";
 import { createLogger } from "../src/log.js";
 import { openStore } from "../src/store/index.js";
 import type { BenchOptions } from "./args.js";
 import { BenchUsageError, parseBenchArgs } from "./args.js";
 import { runFailover } from "./failover.js";
 import type { ServeProcess } from "./mesh.js";
-import { cpuSeconds, root, rssMiB, runMesh, startBroker, startServe } from "./mesh.js";
+import { cpuSeconds, root, rssMiB, runMesh, startServe } from "./mesh.js";
+import type { BenchBroker } from "./broker.js";
+import { startBenchBroker } from "./broker.js";
 import type { Figure } from "./table.js";
 import { formatFigureTable } from "./table.js";
 
@@ -46,6 +43,8 @@ try {
 }
 
 const figures: Figure[] = [];
+/** The broker's name and version, once it runs. */
+let brokerVersion = "not started";
 const extra: Record<string, unknown> = {};
 const has = (part: BenchOptions["parts"][number]) => options.parts.includes(part);
 const meshParts = options.parts.filter((part) => part !== "failover");
@@ -103,7 +102,7 @@ const result = {
     }).trim() !== "",
   date: new Date().toISOString(),
   node: process.version,
-  nats_server: execFileSync("/usr/sbin/nats-server", ["--version"], { encoding: "utf8" }).trim(),
+  broker: brokerVersion,
   cores: cpus().length,
   cpu_model: cpus()[0]?.model ?? "unknown",
   nodes: options.nodes,
@@ -117,7 +116,7 @@ const file = join(out, `bench-${options.nodes}-${result.date.replace(/[:.]/g, "-
 writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
 process.stdout.write(
   `mesh bench, ${options.nodes} nodes — commit ${result.commit}${result.dirty ? " (with local changes)" : ""}, ` +
-    `${result.node}, ${result.nats_server}, ${result.cores} cores\n\n${table}\nfigures written to ${file}\n`,
+    `${result.node}, ${result.broker}, ${result.cores} cores\n\n${table}\nfigures written to ${file}\n`,
 );
 if (failure !== undefined) {
   process.stderr.write(`bench: the run failed part-way: ${failure}\n`);
@@ -129,7 +128,8 @@ async function benchMesh(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), "mesh-bench-"));
   const data = join(dir, "data");
   const profileDir = options.profile ? join(root, "bench", "results", "profiles") : undefined;
-  const broker = await startBroker(data, dir);
+  const broker = await startBenchBroker(options.broker, data, dir);
+  brokerVersion = broker.version;
   let serve: ServeProcess = startServe(data, broker.url, profileDir);
   await serve.serving;
   const meshOptions = compileMeshOptions({ dataDir: data, flags: {}, env: {} });
@@ -144,7 +144,8 @@ async function benchMesh(): Promise<void> {
     nodes: N,
     prefix: "bench",
     aliveEveryMs: options.aliveEveryMs,
-    connections: "shared",
+    // RabbitMQ checks each message's user against its connection's: there every node has a connection of its own.
+    connections: options.broker === "nats" ? "shared" : "own",
     groupSize: 20,
     joinConcurrency: options.joinConcurrency,
     joinTimeoutMs: 300_000,
@@ -167,17 +168,7 @@ async function benchMesh(): Promise<void> {
       // Baseline: the broker's share of a join — each token's identity connecting (as the mesh connects) and
       // leaving, as many at once.
       started = performance.now();
-      await mapLimit([...tokens.values()], options.joinConcurrency, async (token) => {
-        const credential = decodeToken(token).broker?.credential;
-        if (credential?.type !== "nats") throw new Error("a token without a NATS identity");
-        const nc = await connectNats({
-          url: broker.url,
-          identity: { jwt: credential.jwt, seed: credential.seed },
-          name: "bench connect",
-          reconnect: false,
-        });
-        await nc.close();
-      });
+      await mapLimit([...tokens.values()], options.joinConcurrency, (token) => broker.connectAndLeave(token));
       const connectMs = performance.now() - started;
       started = performance.now();
       const joins = await lab.join(tokens);
@@ -261,13 +252,7 @@ async function benchMesh(): Promise<void> {
       {
         // Baseline: the same number of envelopes of the same size, published raw by the same client library.
         const envelope = (await store.declarations.latest(nodes[0] ?? ""))?.envelope ?? "";
-        const nc = await controlConnection(data, broker.url);
-        const raw = new TextEncoder().encode(envelope);
-        const rawStarted = performance.now();
-        for (let i = 0; i < nodes.length; i++) nc.publish("mesh.event.bench", raw);
-        await nc.flush();
-        const rawMs = performance.now() - rawStarted;
-        await nc.close();
+        const rawMs = await broker.publishRaw(nodes.length, new TextEncoder().encode(envelope));
         say(
           `fan-out: ${nodes.length} declarations in ${fanoutMs.toFixed(0)} ms; converged ${converged.size}`,
         );
@@ -335,44 +320,44 @@ async function benchMesh(): Promise<void> {
       await lab.stop();
       await serve.stop();
       const R = options.reportsPerNode;
-      const backlog = await openBacklog(data, broker.url);
-      try {
-        await preload(data, broker.url, lab.names, sent, R, 1_000_000, backlog);
-        const raw = await drainRaw(data, broker.url);
-        await preload(data, broker.url, lab.names, sent, R, 2_000_000, backlog);
-        const pending = await backlog.count();
-        serve = startServe(data, broker.url, profileDir);
-        await serve.serving;
-        const startedAt = performance.now();
-        const cpuBefore = cpuSeconds(serve.pid);
-        await waitForAsync(async () => (await backlog.count()) === 0, 600_000, 10);
-        const meshMs = performance.now() - startedAt;
-        const cpuMs = (cpuSeconds(serve.pid) - cpuBefore) * 1000;
-        const meshRate = pending / (meshMs / 1000);
-        say(
-          `ingest: serve ${pending} in ${meshMs.toFixed(0)} ms (${cpuMs.toFixed(0)} ms of CPU); ` +
-            `raw ${raw.messages} in ${raw.ms.toFixed(0)} ms`,
-        );
-        extra.ingest = {
-          backlog: pending,
-          serve_ms: meshMs,
-          serve_cpu_ms: cpuMs,
-          raw_messages: raw.messages,
-          raw_ms: raw.ms,
-          reports_per_node: R,
-        };
-        figures.push({
-          part: "ingest",
-          what: `alive+report through serve (${R} reports : 1 alive)`,
-          value: meshRate,
-          unit: "msg/s",
-          baseline: { value: raw.messages / (raw.ms / 1000), what: "raw JetStream consume+ack" },
-          target: "≥ 0.5×",
-          note: `backlog of ${pending}`,
-        });
-      } finally {
-        await backlog.close();
-      }
+      await preload(broker, lab, sent, R, 1_000_000);
+      const raw = await broker.drainRaw();
+      await preload(broker, lab, sent, R, 2_000_000);
+      const pending = await broker.queued();
+      const metricsAddress = `127.0.0.1:${await freePort()}`;
+      serve = startServe(data, broker.url, profileDir, metricsAddress);
+      await serve.serving;
+      const startedAt = performance.now();
+      const cpuBefore = cpuSeconds(serve.pid);
+      // Done when serve has handled (acknowledged) as many messages as waited.
+      await waitForAsync(async () => (await handledBy(metricsAddress)) >= pending, 600_000, 10);
+      const meshMs = performance.now() - startedAt;
+      const cpuMs = (cpuSeconds(serve.pid) - cpuBefore) * 1000;
+      const meshRate = pending / (meshMs / 1000);
+      say(
+        `ingest: serve ${pending} in ${meshMs.toFixed(0)} ms (${cpuMs.toFixed(0)} ms of CPU); ` +
+          `raw ${raw.messages} in ${raw.ms.toFixed(0)} ms`,
+      );
+      extra.ingest = {
+        backlog: pending,
+        serve_ms: meshMs,
+        serve_cpu_ms: cpuMs,
+        raw_messages: raw.messages,
+        raw_ms: raw.ms,
+        reports_per_node: R,
+      };
+      figures.push({
+        part: "ingest",
+        what: `alive+report through serve (${R} reports : 1 alive)`,
+        value: meshRate,
+        unit: "msg/s",
+        baseline: {
+          value: raw.messages / (raw.ms / 1000),
+          what: `raw ${broker.kind === "nats" ? "JetStream" : "AMQP"} consume+ack`,
+        },
+        target: "≥ 0.5×",
+        note: `backlog of ${pending}`,
+      });
     }
   } finally {
     await lab.stop();
@@ -383,32 +368,19 @@ async function benchMesh(): Promise<void> {
   }
 }
 
-async function controlConnection(data: string, url: string): Promise<NatsConnection> {
-  const identities = openNatsIdentities(data, url);
-  const control = await identities.controlIdentity();
-  await identities.close();
-  return connect({
-    servers: url,
-    authenticator: jwtAuthenticator(control.jwt, new TextEncoder().encode(control.seed)),
-  });
-}
-
-/** Publishes one alive and `perNode` reports for each node, as that node (on shared lab connections). */
+/** Publishes one alive and `perNode` reports for each node, as that node. */
 async function preload(
-  data: string,
-  url: string,
-  nodes: readonly string[],
+  broker: BenchBroker,
+  lab: Lab,
   sent: ReadonlyMap<string, SentDeclaration>,
   perNode: number,
   firstReportSequence: number,
-  backlog: Backlog,
 ): Promise<void> {
-  const expected = (await backlog.count()) + nodes.length * perNode;
-  for (let i = 0; i < nodes.length; i += 20) {
-    const group = nodes.slice(i, i + 20);
-    const connection = await openLabConnection(data, url, group);
-    for (const node of group) {
-      const bus = connection.nodeBus(node);
+  const before = await broker.queued();
+  await broker.sendAsNodes(
+    lab.names,
+    (node) => lab.identityOf(node),
+    async (node, bus) => {
       const held = sent.get(node);
       const at = new Date().toISOString();
       await bus.publishAlive(
@@ -434,61 +406,19 @@ async function preload(
         });
         await bus.publishReport(body, `${node}:${report_sequence}`);
       }
-    }
-    await connection.close();
-  }
-  // Alives keep one per node, so the backlog grows by the reports (and by whichever alives were not there yet).
-  await waitForAsync(async () => (await backlog.count()) >= expected, 60_000, 100);
-}
-
-interface Backlog {
-  /** Messages waiting for the control consumer, or delivered and not yet acknowledged, over both streams. */
-  count(): Promise<number>;
-  close(): Promise<void>;
-}
-
-/** Counts the control consumer's backlog on one connection of its own, so it can be asked every few ms. */
-async function openBacklog(data: string, url: string): Promise<Backlog> {
-  const nc = await controlConnection(data, url);
-  const jsm = await jetstreamManager(nc);
-  return {
-    count: async () => {
-      let total = 0;
-      for (const stream of ["MESH_CONTROL", "MESH_ALIVE"]) {
-        const info = await jsm.consumers.info(stream, "control");
-        total += info.num_pending + info.num_ack_pending;
-      }
-      return total;
     },
-    close: () => nc.close(),
-  };
+  );
+  // On NATS alives keep one per node, so the backlog grows by the reports at least.
+  const expected = before + lab.names.length * perNode;
+  await waitForAsync(async () => (await broker.queued()) >= expected, 60_000, 100);
 }
 
-/** Drains the control consumer with the client library alone: consume, acknowledge, count. */
-async function drainRaw(data: string, url: string): Promise<{ messages: number; ms: number }> {
-  const nc = await controlConnection(data, url);
-  const jsm = await jetstreamManager(nc);
-  const js = jetstream(nc);
-  const started = performance.now();
-  let messages = 0;
-  await Promise.all(
-    ["MESH_CONTROL", "MESH_ALIVE"].map(async (stream) => {
-      let left = (await jsm.consumers.info(stream, "control")).num_pending;
-      if (left === 0) return;
-      const consumer = await js.consumers.get(stream, "control");
-      const iterator = await consumer.consume({ max_messages: 256 });
-      for await (const msg of iterator) {
-        msg.ack();
-        messages++;
-        if (--left === 0) break;
-      }
-      await iterator.close();
-    }),
-  );
-  await nc.flush();
-  const ms = performance.now() - started;
-  await nc.close();
-  return { messages, ms };
+/** How many control messages serve has handled so far, from its /metrics. */
+async function handledBy(metricsAddress: string): Promise<number> {
+  const text = await (await fetch(`http://${metricsAddress}/metrics`)).text();
+  const match = /^mesh_control_messages_total (\d+)$/m.exec(text);
+  if (match === null) throw new Error("serve's /metrics has no mesh_control_messages_total");
+  return Number(match[1]);
 }
 
 async function waitFor(check: () => boolean, timeoutMs: number): Promise<void> {

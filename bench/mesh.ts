@@ -1,13 +1,9 @@
 /**
- * What the benchmarks run against: an operator's nats-server configured from `mesh broker config`, and
- * `mesh serve` as its own process (so its CPU and memory are its own, and it can run under --cpu-prof).
+ * The mesh as the benchmarks run it: `mesh serve` as its own process (so its CPU and memory are its own, and it
+ * can run under --cpu-prof), and other `mesh` commands as an operator runs them.
  */
 import { execFile, execFileSync, spawn } from "node:child_process";
-import { mkdirSync, readFileSync } from "node:fs";
-import { join } from "node:path";
-import type { RunningNatsServer } from "../src/bus/index.js";
-import { freePort, startNatsServer } from "../src/bus/index.js";
-import { writeNatsServerConfig } from "../src/bus/nats/server.js";
+import { readFileSync } from "node:fs";
 
 export const root = new URL("../", import.meta.url).pathname;
 
@@ -33,25 +29,6 @@ export function runMesh(data: string, args: readonly string[]): Promise<string> 
   });
 }
 
-export async function startBroker(data: string, dir: string): Promise<RunningNatsServer> {
-  const fragment = JSON.parse(meshCli(data, ["broker", "config", "--json"])) as {
-    operator: string;
-    system_account: string;
-    resolver_preload: Record<string, string>;
-  };
-  const port = await freePort();
-  mkdirSync(join(dir, "nats"), { recursive: true });
-  const config = writeNatsServerConfig({
-    dir: join(dir, "nats"),
-    host: "127.0.0.1",
-    port,
-    operatorJwt: fragment.operator,
-    systemAccount: fragment.system_account,
-    accounts: fragment.resolver_preload,
-  });
-  return startNatsServer(config, { host: "127.0.0.1", port }, join(dir, "nats.log"));
-}
-
 export interface ServeProcess {
   pid: number;
   /** Resolves when the control plane says it is serving. */
@@ -60,11 +37,17 @@ export interface ServeProcess {
   stderr(): string;
 }
 
-export function startServe(data: string, url: string, profileDir?: string): ServeProcess {
+export function startServe(
+  data: string,
+  url: string,
+  profileDir?: string,
+  metricsAddress?: string,
+): ServeProcess {
   const flags = profileDir === undefined ? [] : ["--cpu-prof", "--cpu-prof-dir", profileDir];
+  const metrics = metricsAddress === undefined ? [] : ["--metrics", metricsAddress];
   const child = spawn(
     process.execPath,
-    [...flags, `${root}bin/mesh.js`, "--data", data, "serve", "--broker", url],
+    [...flags, `${root}bin/mesh.js`, "--data", data, "serve", "--broker", url, ...metrics],
     { env: { ...process.env, MESH_HOME: "" }, stdio: ["ignore", "ignore", "pipe"] },
   );
   let err = "";

@@ -91,7 +91,11 @@ export class Ingest {
           await tx.events.recordMany(batch.events);
         });
       }
-      for (const [node, spokeAt] of batch.seen) this.seen.set(node, spokeAt);
+      // The two streams are consumed side by side: a batch of either may be the older one.
+      for (const [node, spokeAt] of batch.seen) {
+        const known = this.seen.get(node);
+        if (known === undefined || known < spokeAt) this.seen.set(node, spokeAt);
+      }
       await Promise.all(
         batch.receipts.map(({ node, receipt }) =>
           this.context.bus.publishReceipt(node, encodeMessage(receipt)),

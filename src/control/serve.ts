@@ -99,7 +99,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
   );
   const countHandled = metrics.counter(
     "mesh_control_messages_total",
-    "messages taken from the control queue",
+    "messages from the control queue this control plane has handled",
   );
   const countHandedBack = metrics.counter(
     "mesh_control_messages_handed_back_total",
@@ -304,13 +304,14 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
         () => watch.check(),
       ),
     );
-    consuming = side.bus.consumeControl((batch) => {
+    consuming = side.bus.consumeControl(async (batch) => {
       if (!gate()) {
         countHandedBack(batch.length);
-        return Promise.resolve(batch.map(() => "retry"));
+        return batch.map(() => "retry");
       }
+      const outcomes = await running.handleBatch(batch);
       countHandled(batch.length);
-      return running.handleBatch(batch);
+      return outcomes;
     });
     markServing();
     log.info("control.serving", {

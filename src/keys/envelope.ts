@@ -22,6 +22,20 @@ export interface DeclarationEnvelope {
 export type SealedDeclaration = Pick<DeclarationEnvelope, "payload" | "signature" | "signer">;
 
 /**
+ * The fingerprint of a signing key's public half, worked out once per key: deriving and hashing it costs more than
+ * the signature, and a fleet's declarations are sealed by one key.
+ */
+const fingerprints = new WeakMap<KeyObject, string>();
+function fingerprintOf(privateKey: KeyObject): string {
+  let known = fingerprints.get(privateKey);
+  if (known === undefined) {
+    known = fingerprint(signingPublicKeyOf(privateKey));
+    fingerprints.set(privateKey, known);
+  }
+  return known;
+}
+
+/**
  * Signs a declaration's bytes exactly as they will be published and wraps them in an envelope.
  *
  * @param signer the fingerprint of `privateKey`'s public half; checked here so that an envelope every node would
@@ -33,7 +47,7 @@ export function sealDeclaration(
   privateKey: KeyObject,
   signer: string,
 ): DeclarationEnvelope {
-  const ownFingerprint = fingerprint(signingPublicKeyOf(privateKey));
+  const ownFingerprint = fingerprintOf(privateKey);
   if (!fingerprintsEqual(signer, ownFingerprint)) {
     throw new KeyError(`signer ${signer} is not the fingerprint of the signing key (${ownFingerprint})`);
   }

@@ -11,7 +11,7 @@ import { openNodeSide } from "../bus/index.js";
 import type { LabConnection } from "../bus/lab.js";
 import { openLabConnection } from "../bus/lab.js";
 import { issueToken } from "../control/tokens.js";
-import type { AppliedDeclaration, StateStorage } from "../host/state.js";
+import type { AppliedDeclaration, HostIdentity, StateStorage } from "../host/state.js";
 import { diskStorage, HostState, memoryStorage } from "../host/state.js";
 import { Agent } from "../host/agent.js";
 import type { AgentEvent, OpenNodeBus } from "../host/agent.js";
@@ -176,11 +176,17 @@ export class Lab {
 
   /** Where a joined node's identity says its broker is. */
   private brokerUrlOf(node: string | undefined): string {
-    const labNode = node === undefined ? undefined : this.nodes.get(node);
-    if (labNode === undefined) throw new Error("no joined node to take the broker's address from");
+    if (node === undefined) throw new Error("no joined node to take the broker's address from");
+    return this.identityOf(node).broker.url;
+  }
+
+  /** The identity a node keeps since it joined. */
+  identityOf(node: string): HostIdentity {
+    const labNode = this.nodes.get(node);
+    if (labNode === undefined) throw new Error(`${node} is not a node of this lab`);
     const identity = new HostState(labNode.stateDir, labNode.storage).loadIdentity();
     if (identity === undefined) throw new Error(`node ${labNode.name} joined but keeps no identity`);
-    return identity.broker.url;
+    return identity;
   }
 
   status(): LabStatus {

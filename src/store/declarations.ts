@@ -25,19 +25,24 @@ export class DeclarationQueries {
 
   /** Records declarations of many nodes in one transaction, each node's history bounded as for one. */
   async recordMany(declarations: readonly DeclarationRecord[]): Promise<void> {
+    if (declarations.length === 0) return;
     await inTransaction(this.db, async (trx) => {
-      for (const declaration of declarations) {
+      for (const slice of slices(declarations)) {
         await trx
           .insertInto("declarations")
-          .values({
-            node: declaration.node,
-            sequence: declaration.sequence,
-            epoch: declaration.epoch,
-            issued_at: declaration.issuedAt,
-            digest: declaration.digest,
-            envelope: declaration.envelope,
-          })
+          .values(
+            slice.map((declaration) => ({
+              node: declaration.node,
+              sequence: declaration.sequence,
+              epoch: declaration.epoch,
+              issued_at: declaration.issuedAt,
+              digest: declaration.digest,
+              envelope: declaration.envelope,
+            })),
+          )
           .execute();
+      }
+      for (const declaration of declarations) {
         // A node with no more declarations than the history holds has nothing to drop (most of a fleet, most days).
         if (declaration.sequence <= this.historyLimit) continue;
         const oldestKept = await trx

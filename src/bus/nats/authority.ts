@@ -5,11 +5,13 @@
  */
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { sign as signWithKey } from "node:crypto";
+import { createPublicKey, sign as signWithKey } from "node:crypto";
 import type { KeyObject } from "node:crypto";
 import { Algorithms, encodeAccount, encodeOperator, encodeUser } from "@nats-io/jwt";
 import type { KeyPair } from "@nats-io/nkeys";
 import { createAccount, createOperator, createUser, fromPublic, fromSeed } from "@nats-io/nkeys";
+// The nkey text encoding (prefix, base32, checksum); the package's entry point does not export it.
+import { Codec } from "@nats-io/nkeys/lib/codec.js";
 import { readPrivateFile, signingPrivateKeyFromSeed, writePrivateFile } from "../../keys/index.js";
 import type { Role } from "../../link/index.js";
 import { natsPermissions } from "../../link/index.js";
@@ -50,12 +52,11 @@ export function fastSigner(pair: KeyPair): KeyPair {
   if (known !== undefined) return known;
   const privateKey: KeyObject = signingPrivateKeyFromSeed(rawSeed(pair));
   // The pure-JS pair derives its public key from the seed on every call (milliseconds each, several per JWT):
-  // derived once here.
-  const publicKey = pair.getPublicKey();
-  const privateText = pair.getPrivateKey();
+  // derived once here, by node:crypto.
+  const publicKey = publicKeyOf(pair, privateKey);
   const signer: KeyPair = {
     getPublicKey: () => publicKey,
-    getPrivateKey: () => privateText,
+    getPrivateKey: () => pair.getPrivateKey(),
     getSeed: () => pair.getSeed(),
     sign: (input: Uint8Array) => new Uint8Array(signWithKey(null, input, privateKey)),
     verify: (input: Uint8Array, signature: Uint8Array) => pair.verify(input, signature),
@@ -66,6 +67,17 @@ export function fastSigner(pair: KeyPair): KeyPair {
   };
   fastSigners.set(pair, signer);
   return signer;
+}
+
+/**
+ * The pair's public nkey (`U…`, `A…`, …), derived by node:crypto: the same string the pure-JS pair derives in
+ * milliseconds, which on a node joining is most of its CPU.
+ */
+export function publicKeyOf(pair: KeyPair, privateKey = signingPrivateKeyFromSeed(rawSeed(pair))): string {
+  const { prefix } = Codec.decodeSeed(pair.getSeed());
+  const jwk = createPublicKey(privateKey).export({ format: "jwk" });
+  if (typeof jwk.x !== "string") throw new Error("node:crypto gave no Ed25519 public key");
+  return new TextDecoder().decode(Codec.encode(prefix, Buffer.from(jwk.x, "base64url")));
 }
 
 /** One fast signer per key pair: making the node:crypto key and deriving the public key are done once. */
@@ -85,7 +97,7 @@ export function operatorJwt(authority: NatsAuthority): Promise<string> {
   return encodeOperator(
     names.operator,
     fastSigner(authority.operator),
-    { system_account: authority.system.getPublicKey() },
+    { system_account: fastSigner(authority.system).getPublicKey() },
     v2,
   );
 }
@@ -94,7 +106,7 @@ export function operatorJwt(authority: NatsAuthority): Promise<string> {
 export function accountJwt(authority: NatsAuthority, revocations: Revocations = {}): Promise<string> {
   return encodeAccount(
     names.account,
-    fromPublic(authority.account.getPublicKey()),
+    fromPublic(fastSigner(authority.account).getPublicKey()),
     {
       limits: {
         mem_storage: -1,
@@ -116,7 +128,7 @@ export function systemAccountJwt(authority: NatsAuthority): Promise<string> {
   // Without explicit limits an account admits no connection at all.
   return encodeAccount(
     names.system,
-    fromPublic(authority.system.getPublicKey()),
+    fromPublic(fastSigner(authority.system).getPublicKey()),
     { limits: { subs: -1, conn: -1, payload: -1, data: -1 } },
     { ...v2, signer: fastSigner(authority.operator) },
   );
@@ -157,5 +169,5 @@ export function systemUserJwt(authority: NatsAuthority, userPublicKey: string): 
 /** A fresh user key pair; its seed is what the holder keeps secret. */
 export function newUserKey(): { publicKey: string; seed: string } {
   const pair = createUser();
-  return { publicKey: pair.getPublicKey(), seed: new TextDecoder().decode(pair.getSeed()) };
+  return { publicKey: publicKeyOf(pair), seed: new TextDecoder().decode(pair.getSeed()) };
 }

@@ -9,6 +9,7 @@ import type { BrokerIdentities, NodeCredential, TokenCredential } from "../bus.j
 import type { NatsAuthority, Revocations } from "./authority.js";
 import {
   accountJwt,
+  fastSigner,
   newUserKey,
   operatorJwt,
   systemAccountJwt,
@@ -103,7 +104,11 @@ export class NatsBrokerIdentities implements BrokerIdentities {
   private async pushRevocations(revoked: ReadonlyMap<string, Date>): Promise<void> {
     const account = await accountJwt(this.authority, asRevocations(revoked));
     if (this.embedded !== undefined) await this.writeServerConfig(revoked);
-    await pushAccountUpdate(await this.systemConnection(), this.authority.account.getPublicKey(), account);
+    await pushAccountUpdate(
+      await this.systemConnection(),
+      fastSigner(this.authority.account).getPublicKey(),
+      account,
+    );
   }
 
   /** Writes the config of the mesh's own nats-server, its account carrying the current revocations. */
@@ -145,10 +150,10 @@ export async function serverConfigFragment(
 ): Promise<{ operatorJwt: string; systemAccount: string; accounts: Record<string, string> }> {
   return {
     operatorJwt: await operatorJwt(authority),
-    systemAccount: authority.system.getPublicKey(),
+    systemAccount: fastSigner(authority.system).getPublicKey(),
     accounts: {
-      [authority.account.getPublicKey()]: await accountJwt(authority, asRevocations(revoked)),
-      [authority.system.getPublicKey()]: await systemAccountJwt(authority),
+      [fastSigner(authority.account).getPublicKey()]: await accountJwt(authority, asRevocations(revoked)),
+      [fastSigner(authority.system).getPublicKey()]: await systemAccountJwt(authority),
     },
   };
 }

@@ -1,0 +1,259 @@
+/**
+ * The broker a bench runs on, and what the bench does on it beside the mesh: the baselines (the same client library
+ * with nothing of the mesh on top) and the plumbing of the ingest part. NATS is an operator-mode nats-server of the
+ * bench's own; RabbitMQ is the machine's broker, in a vhost of the bench's own that is deleted afterwards.
+ */
+import { randomBytes } from "node:crypto";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import type { ChannelModel } from "amqplib";
+import amqp from "amqplib";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { connect, jwtAuthenticator } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import type { NodeBus } from "../src/bus/index.js";
+import {
+  freePort,
+  openEnrolmentSide,
+  openNatsIdentities,
+  openNodeSide,
+  RabbitManagement,
+  startNatsServer,
+} from "../src/bus/index.js";
+import { MeshUsers } from "../src/bus/amqp/users.js";
+import { openLabConnection } from "../src/bus/lab.js";
+import { writeNatsServerConfig } from "../src/bus/nats/server.js";
+import type { HostIdentity } from "../src/host/state.js";
+import { controlQueue, decodeToken } from "../src/link/index.js";
+import { meshCli } from "./mesh.js";
+
+export type BrokerKind = "nats" | "amqp";
+
+export interface BenchBroker {
+  kind: BrokerKind;
+  /** What `mesh serve --broker` is given. */
+  url: string;
+  /** The broker's name and version, for the results. */
+  version: string;
+  /** The broker's share of a join: a token's identity connecting as the mesh connects it, and leaving. */
+  connectAndLeave(token: string): Promise<void>;
+  /** Publishes `count` copies of `body` with the client library alone, as the control plane; returns the ms. */
+  publishRaw(count: number, body: Uint8Array): Promise<number>;
+  /** Messages waiting in the control queue (read while no control plane consumes it). */
+  queued(): Promise<number>;
+  /** Drains the control queue with the client library alone: consume, acknowledge, count. */
+  drainRaw(): Promise<{ messages: number; ms: number }>;
+  /** Sends, as each node, what `send` sends on that node's bus. */
+  sendAsNodes(
+    nodes: readonly string[],
+    identityOf: (node: string) => HostIdentity,
+    send: (node: string, bus: NodeBus) => Promise<void>,
+  ): Promise<void>;
+  stop(): Promise<void>;
+}
+
+/** The machine's RabbitMQ, as the tests take it (MESH_BENCH_RABBITMQ, MESH_BENCH_RABBITMQ_API). */
+const rabbitUrl = process.env.MESH_BENCH_RABBITMQ ?? "amqp://guest:guest@127.0.0.1:5672";
+const rabbitApi = process.env.MESH_BENCH_RABBITMQ_API ?? "http://guest:guest@127.0.0.1:15672";
+
+export async function startBenchBroker(kind: BrokerKind, data: string, dir: string): Promise<BenchBroker> {
+  return kind === "nats" ? startNats(data, dir) : startRabbit();
+}
+
+async function startNats(data: string, dir: string): Promise<BenchBroker> {
+  const fragment = JSON.parse(meshCli(data, ["broker", "config", "--json"])) as {
+    operator: string;
+    system_account: string;
+    resolver_preload: Record<string, string>;
+  };
+  const port = await freePort();
+  mkdirSync(join(dir, "nats"), { recursive: true });
+  const config = writeNatsServerConfig({
+    dir: join(dir, "nats"),
+    host: "127.0.0.1",
+    port,
+    operatorJwt: fragment.operator,
+    systemAccount: fragment.system_account,
+    accounts: fragment.resolver_preload,
+  });
+  const server = await startNatsServer(config, { host: "127.0.0.1", port }, join(dir, "nats.log"));
+  const url = server.url;
+  const streams = ["MESH_CONTROL", "MESH_ALIVE"];
+  const control = async (): Promise<NatsConnection> => {
+    const identities = openNatsIdentities(data, url);
+    const identity = await identities.controlIdentity();
+    await identities.close();
+    return connect({
+      servers: url,
+      authenticator: jwtAuthenticator(identity.jwt, new TextEncoder().encode(identity.seed)),
+    });
+  };
+  const { execFileSync } = await import("node:child_process");
+  return {
+    kind: "nats",
+    url,
+    version: execFileSync("/usr/sbin/nats-server", ["--version"], { encoding: "utf8" }).trim(),
+    connectAndLeave: (token) => connectAndLeave(token),
+    publishRaw: async (count, body) => {
+      const nc = await control();
+      const started = performance.now();
+      for (let i = 0; i < count; i++) nc.publish("mesh.event.bench", body);
+      await nc.flush();
+      const ms = performance.now() - started;
+      await nc.close();
+      return ms;
+    },
+    queued: async () => {
+      const nc = await control();
+      try {
+        const jsm = await jetstreamManager(nc);
+        let total = 0;
+        for (const stream of streams) {
+          const info = await jsm.consumers.info(stream, "control");
+          total += info.num_pending + info.num_ack_pending;
+        }
+        return total;
+      } finally {
+        await nc.close();
+      }
+    },
+    drainRaw: async () => {
+      const nc = await control();
+      const jsm = await jetstreamManager(nc);
+      const js = jetstream(nc);
+      const started = performance.now();
+      let messages = 0;
+      await Promise.all(
+        streams.map(async (stream) => {
+          let left = (await jsm.consumers.info(stream, "control")).num_pending;
+          if (left === 0) return;
+          const consumer = await js.consumers.get(stream, "control");
+          const iterator = await consumer.consume({ max_messages: 256 });
+          for await (const msg of iterator) {
+            msg.ack();
+            messages++;
+            if (--left === 0) break;
+          }
+          await iterator.close();
+        }),
+      );
+      await nc.flush();
+      const ms = performance.now() - started;
+      await nc.close();
+      return { messages, ms };
+    },
+    // In groups of 20 on a shared lab connection, as the lab runs above a few hundred nodes.
+    sendAsNodes: async (nodes, _identityOf, send) => {
+      for (let i = 0; i < nodes.length; i += 20) {
+        const group = nodes.slice(i, i + 20);
+        const connection = await openLabConnection(data, url, group);
+        for (const node of group) await send(node, connection.nodeBus(node));
+        await connection.close();
+      }
+    },
+    stop: () => server.stop(),
+  };
+}
+
+async function startRabbit(): Promise<BenchBroker> {
+  const vhost = `mesh_bench_${process.pid}_${randomBytes(4).toString("hex")}`;
+  const api = new RabbitManagement(rabbitApi);
+  await api.ensureVhost(vhost);
+  const admin = new URL(rabbitApi);
+  const adminUser = decodeURIComponent(admin.username);
+  // The administrator drains the control queue for the raw baseline.
+  await api.setPermissions(vhost, adminUser, {
+    configure: ".*",
+    write: ".*",
+    read: ".*",
+    topic: { exchange: "mesh", write: ".*", read: ".*" },
+  });
+  const url = `${rabbitUrl}/${encodeURIComponent(vhost)}`;
+  const overview = (await fetch(`${admin.origin}/api/overview`, {
+    headers: { authorization: basic(admin) },
+  }).then((response) => response.json())) as { rabbitmq_version?: string };
+  const withAdmin = async <T>(work: (connection: ChannelModel) => Promise<T>): Promise<T> => {
+    const connection = await amqp.connect(url);
+    try {
+      return await work(connection);
+    } finally {
+      await connection.close();
+    }
+  };
+  return {
+    kind: "amqp",
+    url,
+    version: `RabbitMQ ${overview.rabbitmq_version ?? "unknown"}`,
+    connectAndLeave: (token) => connectAndLeave(token),
+    publishRaw: (count, body) =>
+      withAdmin(async (connection) => {
+        const channel = await connection.createConfirmChannel();
+        const started = performance.now();
+        for (let i = 0; i < count; i++)
+          channel.publish("mesh", "event.bench", Buffer.from(body), { contentType: "application/json" });
+        await channel.waitForConfirms();
+        return performance.now() - started;
+      }),
+    queued: () =>
+      withAdmin(async (connection) => {
+        const channel = await connection.createChannel();
+        return (await channel.checkQueue(controlQueue)).messageCount;
+      }),
+    drainRaw: () =>
+      withAdmin(async (connection) => {
+        const channel = await connection.createChannel();
+        let left = (await channel.checkQueue(controlQueue)).messageCount;
+        await channel.prefetch(256);
+        const started = performance.now();
+        let messages = 0;
+        if (left > 0) {
+          await new Promise<void>((resolve) => {
+            void channel.consume(controlQueue, (message) => {
+              if (message === null) return;
+              channel.ack(message);
+              messages++;
+              if (--left === 0) resolve();
+            });
+          });
+        }
+        const ms = performance.now() - started;
+        return { messages, ms };
+      }),
+    // Each node on its own connection: RabbitMQ checks every message's user against its connection's.
+    sendAsNodes: async (nodes, identityOf, send) => {
+      for (let i = 0; i < nodes.length; i += 10) {
+        await Promise.all(
+          nodes.slice(i, i + 10).map(async (node) => {
+            const identity = identityOf(node);
+            const bus = await openNodeSide(identity.broker.url, node, identity.broker.credential, undefined);
+            try {
+              await send(node, bus);
+            } finally {
+              await bus.close();
+            }
+          }),
+        );
+      }
+    },
+    stop: async () => {
+      const users = new MeshUsers(vhost);
+      for (const user of await api.users()) {
+        if (user.startsWith(`${users.prefix}.`)) await api.deleteUser(user);
+      }
+      await api.deleteVhost(vhost);
+    },
+  };
+}
+
+/** A token's identity connecting as `mesh-host join` connects it, and leaving at once. */
+async function connectAndLeave(token: string): Promise<void> {
+  const decoded = decodeToken(token);
+  const broker = decoded.broker;
+  if (broker === undefined || broker === null) throw new Error("a token without a broker identity");
+  const bus = await openEnrolmentSide(broker.url, decoded.node, broker.credential, decoded.secret);
+  await bus.close();
+}
+
+function basic(url: URL): string {
+  return `Basic ${Buffer.from(`${decodeURIComponent(url.username)}:${decodeURIComponent(url.password)}`).toString("base64")}`;
+}
