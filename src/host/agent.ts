@@ -8,6 +8,7 @@ import { join } from "node:path";
 import type { NodeBus } from "../bus/index.js";
 import { openNodeSide } from "../bus/index.js";
 import { MeshError } from "../errors.js";
+import type { KeyObject } from "node:crypto";
 import { decodeSigningPublicKey, openDeclaration } from "../keys/index.js";
 import type { Declaration, Report } from "../link/index.js";
 import {
@@ -73,6 +74,8 @@ export class Agent {
   /** Declarations are handled one at a time, in the order they arrive. */
   private queue: Promise<void> = Promise.resolve();
   private stopping = false;
+  /** The control plane's signing key, pinned at enrolment: every declaration is checked against it. */
+  private readonly pinnedKey: KeyObject;
 
   constructor(private readonly settings: AgentSettings) {
     this.state = new HostState(settings.stateDir, settings.storage);
@@ -84,6 +87,7 @@ export class Agent {
       );
     }
     this.identity = identity;
+    this.pinnedKey = decodeSigningPublicKey(identity.signing_key);
     this.applier =
       settings.applier ?? new FileApplier(settings.root, join(settings.stateDir, "file-applier.json"));
   }
@@ -198,7 +202,7 @@ export class Agent {
     let declaration: Declaration;
     try {
       const envelope = parseDeclarationEnvelope(body);
-      const bytes = openDeclaration(envelope, decodeSigningPublicKey(this.identity.signing_key));
+      const bytes = openDeclaration(envelope, this.pinnedKey);
       declaration = parseDeclarationBytes(bytes);
     } catch (error) {
       return this.refuse(`declaration refused: ${errorText(error)}`);

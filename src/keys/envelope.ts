@@ -35,6 +35,16 @@ function fingerprintOf(privateKey: KeyObject): string {
   return known;
 }
 
+/** The same for a pinned public key, which checks every declaration a node receives. */
+function publicFingerprintOf(publicKey: KeyObject): string {
+  let known = fingerprints.get(publicKey);
+  if (known === undefined) {
+    known = fingerprint(publicKey);
+    fingerprints.set(publicKey, known);
+  }
+  return known;
+}
+
 /**
  * Signs a declaration's bytes exactly as they will be published and wraps them in an envelope.
  *
@@ -69,7 +79,7 @@ export function sealDeclaration(
  * @throws KeyError when the signer is not the pinned key, the fields are not base64, or the signature does not verify.
  */
 export function openDeclaration(envelope: SealedDeclaration, pinnedPublicKey: KeyObject): Uint8Array {
-  const pinnedFingerprint = fingerprint(pinnedPublicKey);
+  const pinnedFingerprint = publicFingerprintOf(pinnedPublicKey);
   if (!fingerprintsEqual(envelope.signer, pinnedFingerprint)) {
     throw new KeyError(
       `declaration signer ${envelope.signer} is not the pinned signing key ${pinnedFingerprint}`,

@@ -9,7 +9,7 @@ import { createPublicKey, sign as signWithKey } from "node:crypto";
 import type { KeyObject } from "node:crypto";
 import { Algorithms, encodeAccount, encodeOperator, encodeUser } from "@nats-io/jwt";
 import type { KeyPair } from "@nats-io/nkeys";
-import { createAccount, createOperator, createUser, fromPublic, fromSeed } from "@nats-io/nkeys";
+import { createAccount, createOperator, createUser, fromPublic, fromSeed, Prefix } from "@nats-io/nkeys";
 // The nkey text encoding (prefix, base32, checksum); the package's entry point does not export it.
 import { Codec } from "@nats-io/nkeys/lib/codec.js";
 import { readPrivateFile, signingPrivateKeyFromSeed, writePrivateFile } from "../../keys/index.js";
@@ -50,13 +50,19 @@ export function loadOrCreateAuthority(dir: string): NatsAuthority {
 export function fastSigner(pair: KeyPair): KeyPair {
   const known = fastSigners.get(pair);
   if (known !== undefined) return known;
-  const privateKey: KeyObject = signingPrivateKeyFromSeed(rawSeed(pair));
-  // The pure-JS pair derives its public key from the seed on every call (milliseconds each, several per JWT):
-  // derived once here, by node:crypto.
-  const publicKey = publicKeyOf(pair, privateKey);
+  const seed = rawSeed(pair);
+  const privateKey: KeyObject = signingPrivateKeyFromSeed(seed);
+  // The pure-JS pair derives both halves from the seed on every call (milliseconds each, several per JWT: the JWT
+  // library asks for the private key to check the signer): derived once here, by node:crypto.
+  const publicRaw = rawPublicKey(privateKey);
+  const publicKey = new TextDecoder().decode(
+    Codec.encode(Codec.decodeSeed(pair.getSeed()).prefix, publicRaw),
+  );
+  // The nkey private key is the seed followed by the public key, as Ed25519's 64-byte secret key.
+  const privateText = Codec.encode(Prefix.Private, Buffer.concat([seed, publicRaw]));
   const signer: KeyPair = {
     getPublicKey: () => publicKey,
-    getPrivateKey: () => pair.getPrivateKey(),
+    getPrivateKey: () => privateText.slice(),
     getSeed: () => pair.getSeed(),
     sign: (input: Uint8Array) => new Uint8Array(signWithKey(null, input, privateKey)),
     verify: (input: Uint8Array, signature: Uint8Array) => pair.verify(input, signature),
@@ -73,11 +79,16 @@ export function fastSigner(pair: KeyPair): KeyPair {
  * The pair's public nkey (`U…`, `A…`, …), derived by node:crypto: the same string the pure-JS pair derives in
  * milliseconds, which on a node joining is most of its CPU.
  */
-export function publicKeyOf(pair: KeyPair, privateKey = signingPrivateKeyFromSeed(rawSeed(pair))): string {
+export function publicKeyOf(pair: KeyPair): string {
   const { prefix } = Codec.decodeSeed(pair.getSeed());
+  const raw = rawPublicKey(signingPrivateKeyFromSeed(rawSeed(pair)));
+  return new TextDecoder().decode(Codec.encode(prefix, raw));
+}
+
+function rawPublicKey(privateKey: KeyObject): Uint8Array {
   const jwk = createPublicKey(privateKey).export({ format: "jwk" });
   if (typeof jwk.x !== "string") throw new Error("node:crypto gave no Ed25519 public key");
-  return new TextDecoder().decode(Codec.encode(prefix, Buffer.from(jwk.x, "base64url")));
+  return Buffer.from(jwk.x, "base64url");
 }
 
 /** One fast signer per key pair: making the node:crypto key and deriving the public key are done once. */
