@@ -55,10 +55,11 @@ export interface ControlSide {
 /** Broker identities as the control plane uses them, whichever the broker. */
 export interface ControlIdentities extends BrokerIdentities {
   /**
-   * Deletes the accounts of tokens not in `keep` (token ids) on RabbitMQ; NATS tokens expire by themselves. Returns
-   * how many.
+   * Deletes the accounts of tokens not in `keep()` (token ids) on RabbitMQ; NATS tokens expire by themselves.
+   * `keep` is asked after the accounts are listed: a token's row is written before its account, so a token issued
+   * meanwhile is always kept. Returns how many were deleted.
    */
-  sweepTokens(keep: ReadonlySet<string>): Promise<number>;
+  sweepTokens(keep: () => Promise<ReadonlySet<string>>): Promise<number>;
   /** Removes what the broker keeps for a retired node (its RabbitMQ queue). */
   forget(node: string): Promise<void>;
 }

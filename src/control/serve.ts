@@ -230,7 +230,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
     };
     // Token accounts that can no longer be spent (spent, revoked, expired) are deleted, now and every 5 s.
     const sweepTokens = async () => {
-      const swept = await side.identities.sweepTokens(await tokensToKeep(store, now(), tokenGraceMs));
+      const swept = await side.identities.sweepTokens(() => tokensToKeep(store, now(), tokenGraceMs));
       if (swept > 0) log.info("tokens.swept", { accounts_deleted: swept });
     };
     await sweepTokens();

@@ -81,11 +81,14 @@ export class AmqpBrokerIdentities implements BrokerIdentities {
    * within the grace). Returns how many. Keyed by token id, which is stored before the account is made, so a token
    * issued during a sweep keeps its account.
    */
-  async sweepTokens(keep: ReadonlySet<string>): Promise<number> {
+  async sweepTokens(keep: () => Promise<ReadonlySet<string>>): Promise<number> {
+    const users = await this.management.users();
+    // Asked only now: every account listed above had its token's row written before it was made.
+    const kept = await keep();
     let swept = 0;
-    for (const user of await this.management.users()) {
+    for (const user of users) {
       const id = this.users.tokenIdOf(user);
-      if (id !== undefined && !keep.has(id) && (await this.management.deleteUser(user))) swept += 1;
+      if (id !== undefined && !kept.has(id) && (await this.management.deleteUser(user))) swept += 1;
     }
     return swept;
   }
