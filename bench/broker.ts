@@ -56,8 +56,13 @@ export interface BenchBroker {
 const rabbitUrl = process.env.MESH_BENCH_RABBITMQ ?? "amqp://guest:guest@127.0.0.1:5672";
 const rabbitApi = process.env.MESH_BENCH_RABBITMQ_API ?? "http://guest:guest@127.0.0.1:15672";
 
-export async function startBenchBroker(kind: BrokerKind, data: string, dir: string): Promise<BenchBroker> {
-  return kind === "nats" ? startNats(data, dir) : startRabbit();
+export async function startBenchBroker(
+  kind: BrokerKind,
+  data: string,
+  dir: string,
+  nodes = 0,
+): Promise<BenchBroker> {
+  return kind === "nats" ? startNats(data, dir) : startRabbit(nodes);
 }
 
 async function startNats(data: string, dir: string): Promise<BenchBroker> {
@@ -155,11 +160,23 @@ async function startNats(data: string, dir: string): Promise<BenchBroker> {
   };
 }
 
-async function startRabbit(): Promise<BenchBroker> {
+async function startRabbit(nodes: number): Promise<BenchBroker> {
+  const admin = new URL(rabbitApi);
+  // Every node holds a connection of its own, and a RabbitMQ out of file descriptors breaks for everyone on it
+  // (its internal database stops): refused here instead.
+  const [node] = (await fetch(`${admin.origin}/api/nodes`, { headers: { authorization: basic(admin) } }).then(
+    (response) => response.json(),
+  )) as Array<{ fd_total?: number; fd_used?: number }>;
+  const free = (node?.fd_total ?? 0) - (node?.fd_used ?? 0);
+  if (free < nodes + 100) {
+    throw new Error(
+      `RabbitMQ here has ${free} free file descriptors and ${nodes} nodes need a connection each: ` +
+        "start it with a higher limit (ulimit -n) or bench fewer --nodes",
+    );
+  }
   const vhost = `mesh_bench_${process.pid}_${randomBytes(4).toString("hex")}`;
   const api = new RabbitManagement(rabbitApi);
   await api.ensureVhost(vhost);
-  const admin = new URL(rabbitApi);
   const adminUser = decodeURIComponent(admin.username);
   // The administrator drains the control queue for the raw baseline.
   await api.setPermissions(vhost, adminUser, {

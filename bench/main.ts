@@ -128,7 +128,7 @@ async function benchMesh(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), "mesh-bench-"));
   const data = join(dir, "data");
   const profileDir = options.profile ? join(root, "bench", "results", "profiles") : undefined;
-  const broker = await startBenchBroker(options.broker, data, dir);
+  const broker = await startBenchBroker(options.broker, data, dir, N);
   brokerVersion = broker.version;
   let serve: ServeProcess = startServe(data, broker.url, profileDir);
   await serve.serving;

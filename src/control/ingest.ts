@@ -54,6 +54,9 @@ export class Ingest {
     Remembered<{ epoch: number; sequence: number } | undefined>
   >();
 
+  /** The last batch's receipts, until the broker has them. */
+  private receiptsOnTheirWay: Promise<void> = Promise.resolve();
+
   constructor(private readonly context: IngestContext) {}
 
   private remembered<T>(cache: Map<string, Remembered<T>>, node: string): Remembered<T> | undefined {
@@ -96,10 +99,22 @@ export class Ingest {
         const known = this.seen.get(node);
         if (known === undefined || known < spokeAt) this.seen.set(node, spokeAt);
       }
-      await Promise.all(
+      // A node sends a report again until its receipt comes, and a report kept twice is taken quietly: so the
+      // batch is acknowledged without waiting for the broker to confirm its receipts. One batch's receipts may be
+      // on their way while the next is handled, no more.
+      await this.receiptsOnTheirWay;
+      this.receiptsOnTheirWay = Promise.all(
         batch.receipts.map(({ node, receipt }) =>
           this.context.bus.publishReceipt(node, encodeMessage(receipt)),
         ),
+      ).then(
+        () => undefined,
+        (error: unknown) =>
+          this.context.log.warn("receipt.not_sent", {
+            receipts: batch.receipts.length,
+            error: errorText(error),
+            note: "their nodes send the reports again",
+          }),
       );
       await this.catchUp(batch.holds);
       return deliveries.map(() => "done");

@@ -18,6 +18,7 @@ import {
 import type { Logger } from "../../log.js";
 import { errorText } from "../../log.js";
 import { Arrivals } from "../batches.js";
+import { controlBatchMax } from "../bus.js";
 import type {
   ControlBus,
   ControlDelivery,
@@ -33,7 +34,7 @@ import type { MeshUsers } from "./users.js";
 /** Direct reply-to: the only place an enrolment is ever answered. */
 const directReplyTo = "amq.rabbitmq.reply-to";
 /** Messages handed to the control plane before it acknowledges any: enough to keep it busy, few to redeliver. */
-const controlPrefetch = 256;
+const controlPrefetch = 1024;
 /** How long a message the handler gave back waits before the broker offers it again. */
 const retryAfterMs = 1000;
 
@@ -120,7 +121,7 @@ export class AmqpControlBus implements ControlBus {
    * batches.
    */
   private async work(handle: ControlHandler): Promise<void> {
-    for await (const arrived of this.arrivals.batches(controlPrefetch)) {
+    for await (const arrived of this.arrivals.batches(controlBatchMax)) {
       let start = 0;
       while (start < arrived.length) {
         const first = arrived[start] as Arrived;
@@ -218,7 +219,9 @@ export class AmqpControlBus implements ControlBus {
 
   private async toNode(node: string, type: "declaration" | "receipt", body: Uint8Array): Promise<void> {
     await this.publisher.publish(defaultExchange, nodeQueue(node), body, {
-      persistent: true,
+      // A declaration outlives a broker restart. A receipt need not (as on NATS): a node sends its report again
+      // until a receipt comes, so a lost one costs a repeat, while a persistent one costs a disk write per report.
+      persistent: type === "declaration",
       type,
       contentType: "application/json",
     });
