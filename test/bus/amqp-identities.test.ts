@@ -33,7 +33,13 @@ describe("RabbitMQ token accounts", () => {
   });
 
   const issue = (node: string, now = new Date()) =>
-    issueToken(store, { node, ttlMs: 3_600_000, fingerprint: `SHA256:${"A".repeat(43)}`, now, broker: identities });
+    issueToken(store, {
+      node,
+      ttlMs: 3_600_000,
+      fingerprint: `SHA256:${"A".repeat(43)}`,
+      now,
+      broker: identities,
+    });
   const tokenAccounts = async (node: string) =>
     (await scratch.api.users()).filter((user) => user.startsWith(`${scratch.users.prefix}.token.${node}.`));
 
