@@ -112,7 +112,7 @@ const result = {
 };
 const out = join(root, "bench", "results");
 mkdirSync(out, { recursive: true });
-const file = join(out, `bench-${options.nodes}-${result.date.replace(/[:.]/g, "-")}.json`);
+const file = join(out, `bench-${options.broker}-${options.nodes}-${result.date.replace(/[:.]/g, "-")}.json`);
 writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
 process.stdout.write(
   `mesh bench, ${options.nodes} nodes — commit ${result.commit}${result.dirty ? " (with local changes)" : ""}, ` +
