@@ -41,11 +41,6 @@ export class Arrivals<T> {
       this.wake = undefined;
     }
   }
-
-  /** How many arrived and are not handed over yet. */
-  get length(): number {
-    return this.waiting.length;
-  }
 }
 
 /** The batches of an async source (a consumer's message iterator); a failure of the source ends them with it. */

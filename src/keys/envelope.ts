@@ -22,25 +22,15 @@ export interface DeclarationEnvelope {
 export type SealedDeclaration = Pick<DeclarationEnvelope, "payload" | "signature" | "signer">;
 
 /**
- * The fingerprint of a signing key's public half, worked out once per key: deriving and hashing it costs more than
- * the signature, and a fleet's declarations are sealed by one key.
+ * The fingerprint of a signing key (of its public half, for a private key), worked out once per key: deriving and
+ * hashing it costs more than the signature, and every declaration is sealed, and checked, against one key.
  */
 const fingerprints = new WeakMap<KeyObject, string>();
-function fingerprintOf(privateKey: KeyObject): string {
-  let known = fingerprints.get(privateKey);
+function fingerprintOf(key: KeyObject): string {
+  let known = fingerprints.get(key);
   if (known === undefined) {
-    known = fingerprint(signingPublicKeyOf(privateKey));
-    fingerprints.set(privateKey, known);
-  }
-  return known;
-}
-
-/** The same for a pinned public key, which checks every declaration a node receives. */
-function publicFingerprintOf(publicKey: KeyObject): string {
-  let known = fingerprints.get(publicKey);
-  if (known === undefined) {
-    known = fingerprint(publicKey);
-    fingerprints.set(publicKey, known);
+    known = fingerprint(key.type === "private" ? signingPublicKeyOf(key) : key);
+    fingerprints.set(key, known);
   }
   return known;
 }
@@ -79,7 +69,7 @@ export function sealDeclaration(
  * @throws KeyError when the signer is not the pinned key, the fields are not base64, or the signature does not verify.
  */
 export function openDeclaration(envelope: SealedDeclaration, pinnedPublicKey: KeyObject): Uint8Array {
-  const pinnedFingerprint = publicFingerprintOf(pinnedPublicKey);
+  const pinnedFingerprint = fingerprintOf(pinnedPublicKey);
   if (!fingerprintsEqual(envelope.signer, pinnedFingerprint)) {
     throw new KeyError(
       `declaration signer ${envelope.signer} is not the pinned signing key ${pinnedFingerprint}`,

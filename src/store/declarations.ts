@@ -86,21 +86,6 @@ export class DeclarationQueries {
     return rows.map(toRecord);
   }
 
-  /** The (epoch, sequence) of the kept declaration with this digest: the ordering fallback for older agents. */
-  async orderOfDigest(
-    node: string,
-    digest: string,
-  ): Promise<{ epoch: number; sequence: number } | undefined> {
-    return this.db
-      .selectFrom("declarations")
-      .select(["epoch", "sequence"])
-      .where("node", "=", node)
-      .where("digest", "=", digest)
-      .orderBy("sequence", "desc")
-      .limit(1)
-      .executeTakeFirst();
-  }
-
   /**
    * The (epoch, sequence) of each kept declaration with one of these digests, by node and digest: the ordering
    * fallback for many reports at once. Where a node holds a digest twice, the newer counts.

@@ -97,19 +97,21 @@ export class NodeQueries {
     });
   }
 
-  /** Hands out the node's next declaration sequence atomically: concurrent callers never get the same one. */
-  /** The next declaration sequence of each node, allocated in one transaction (every node must exist). */
+  /**
+   * The next declaration sequence of each node, allocated in one transaction (every node must exist): concurrent
+   * callers never get the same one.
+   */
   async nextDeclarationSequences(names: readonly string[]): Promise<Map<string, number>> {
     const distinct = [...new Set(names)];
     return inTransaction(this.db, async (trx) => {
       const sequences = new Map<string, number>();
       // One statement per slice of nodes (a statement binds only so many values), each a compare-and-set on the
       // row itself, so a controller and a command declaring at once never share a sequence.
-      for (let start = 0; start < distinct.length; start += 500) {
+      for (const slice of slices(distinct)) {
         const rows = await trx
           .updateTable("nodes")
           .set((eb) => ({ declaration_sequence: eb("declaration_sequence", "+", 1) }))
-          .where("name", "in", distinct.slice(start, start + 500))
+          .where("name", "in", slice)
           .returning(["name", "declaration_sequence"])
           .execute();
         for (const row of rows) sequences.set(row.name, row.declaration_sequence);

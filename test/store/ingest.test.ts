@@ -76,6 +76,14 @@ for (const backend of storeBackends) {
       redelivered: false,
       receivedAt,
     });
+    /** A report delivery whose body is not JSON at all. */
+    const notJson = (node: string): ControlDelivery => ({
+      kind: "report",
+      node,
+      body: new TextEncoder().encode("{nope"),
+      redelivered: false,
+      receivedAt: clock,
+    });
     const report = (node: string, reportSequence: number) => ({
       kind: "report",
       node,
@@ -164,13 +172,7 @@ for (const backend of storeBackends) {
 
     test("ingest — bad input is refused with a reason, counted, and acknowledged", async () => {
       await enrol("bad-1", clock);
-      const garbage: ControlDelivery = {
-        kind: "report",
-        node: "bad-1",
-        body: new TextEncoder().encode("{nope"),
-        redelivered: false,
-        receivedAt: clock,
-      };
+      const garbage = notJson("bad-1");
       assert.equal(await ingest.handle(garbage), "done");
       assert.equal(await ingest.handle({ ...garbage, node: undefined }), "done");
       assert.deepEqual(await store.counters.of("bad-1"), { report_refused: 1 });
@@ -181,13 +183,7 @@ for (const backend of storeBackends) {
     test("ingest — a batch is judged in arrival order, each report against those before it in the batch", async () => {
       await enrol("ba1", clock);
       await enrol("ba2", clock);
-      const garbage: ControlDelivery = {
-        kind: "report",
-        node: "ba2",
-        body: new TextEncoder().encode("{nope"),
-        redelivered: false,
-        receivedAt: clock,
-      };
+      const garbage = notJson("ba2");
       const outcomes = await ingest.handleBatch([
         delivery("report", "ba1", report("ba1", 1)),
         delivery("report", "ba2", report("ba2", 1)),

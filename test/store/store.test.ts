@@ -205,11 +205,14 @@ for (const backend of storeBackends) {
         (await store.declarations.history("decl-1")).map((d) => d.sequence),
         [5, 4, 3],
       );
-      assert.deepEqual(await store.declarations.orderOfDigest("decl-1", "sha256:4"), {
-        epoch: 7,
-        sequence: 4,
+      // sha256:1 fell out of the history: no order for it any more.
+      const orders = await store.declarations.ordersOfDigests([
+        { node: "decl-1", digest: "sha256:4" },
+        { node: "decl-1", digest: "sha256:1" },
+      ]);
+      assert.deepEqual(Object.fromEntries(orders), {
+        [digestKey("decl-1", "sha256:4")]: { epoch: 7, sequence: 4 },
       });
-      assert.equal(await store.declarations.orderOfDigest("decl-1", "sha256:1"), undefined);
       assert.equal(await store.declarations.latest("decl-none"), undefined);
     });
 
@@ -243,17 +246,22 @@ for (const backend of storeBackends) {
       );
     });
 
-    test("batches — accounts of many nodes kept at once: each node's last is its copy, each history bounded", async () => {
-      const nodes = ["batch-a", "batch-b", "batch-c"];
+    /** Invites each node with a token of its own: ids `<idStem><index>`. */
+    const invite = async (nodes: readonly string[], idStem: string) => {
       for (const [index, node] of nodes.entries()) {
         await store.tokens.issue({
-          id: `tok_00000000002${index}`,
+          id: `${idStem}${index}`,
           node,
           secretHash: "c0",
           createdAt: at(0),
           expiresAt: at(60),
         });
       }
+    };
+
+    test("batches — accounts of many nodes kept at once: each node's last is its copy, each history bounded", async () => {
+      const nodes = ["batch-a", "batch-b", "batch-c"];
+      await invite(nodes, "tok_00000000002");
       const account = (node: string, n: number) => ({
         node,
         receivedAt: at(n),
@@ -293,15 +301,7 @@ for (const backend of storeBackends) {
     });
 
     test("batches — orders of digests and latest orders of many nodes, in a few statements", async () => {
-      for (const [index, node] of ["order-a", "order-b"].entries()) {
-        await store.tokens.issue({
-          id: `tok_00000000003${index}`,
-          node,
-          secretHash: "c1",
-          createdAt: at(0),
-          expiresAt: at(60),
-        });
-      }
+      await invite(["order-a", "order-b"], "tok_00000000003");
       const declaration = (node: string, sequence: number, digest: string, epoch = 2) => ({
         node,
         sequence,

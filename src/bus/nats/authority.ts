@@ -75,16 +75,6 @@ export function fastSigner(pair: KeyPair): KeyPair {
   return signer;
 }
 
-/**
- * The pair's public nkey (`U…`, `A…`, …), derived by node:crypto: the same string the pure-JS pair derives in
- * milliseconds, which on a node joining is most of its CPU.
- */
-export function publicKeyOf(pair: KeyPair): string {
-  const { prefix } = Codec.decodeSeed(pair.getSeed());
-  const raw = rawPublicKey(signingPrivateKeyFromSeed(rawSeed(pair)));
-  return new TextDecoder().decode(Codec.encode(prefix, raw));
-}
-
 function rawPublicKey(privateKey: KeyObject): Uint8Array {
   const jwk = createPublicKey(privateKey).export({ format: "jwk" });
   if (typeof jwk.x !== "string") throw new Error("node:crypto gave no Ed25519 public key");
@@ -180,5 +170,5 @@ export function systemUserJwt(authority: NatsAuthority, userPublicKey: string): 
 /** A fresh user key pair; its seed is what the holder keeps secret. */
 export function newUserKey(): { publicKey: string; seed: string } {
   const pair = createUser();
-  return { publicKey: publicKeyOf(pair), seed: new TextDecoder().decode(pair.getSeed()) };
+  return { publicKey: fastSigner(pair).getPublicKey(), seed: new TextDecoder().decode(pair.getSeed()) };
 }
