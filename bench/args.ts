@@ -36,7 +36,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
         only: { type: "string" },
         "steady-window": { type: "string", default: "60" },
         "alive-every": { type: "string", default: "15" },
-        "reports-per-node": { type: "string", default: "9" },
+        "reports-per-node": { type: "string", default: "19" },
         "join-concurrency": { type: "string" },
         trials: { type: "string" },
         ttl: { type: "string" },

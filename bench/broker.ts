@@ -42,7 +42,7 @@ export interface BenchBroker {
   /** Messages waiting in the control queue (read while no control plane consumes it). */
   queued(): Promise<number>;
   /** Drains the control queue with the client library alone: consume, acknowledge, count. */
-  drainRaw(): Promise<{ messages: number; ms: number }>;
+  drainRaw(): Promise<Drained>;
   /** Sends, as each node, what `send` sends on that node's bus. */
   sendAsNodes(
     nodes: readonly string[],
@@ -55,6 +55,41 @@ export interface BenchBroker {
 /** The machine's RabbitMQ, as the tests take it (MESH_BENCH_RABBITMQ, MESH_BENCH_RABBITMQ_API). */
 const rabbitUrl = process.env.MESH_BENCH_RABBITMQ ?? "amqp://guest:guest@127.0.0.1:5672";
 const rabbitApi = process.env.MESH_BENCH_RABBITMQ_API ?? "http://guest:guest@127.0.0.1:15672";
+
+/** Which share of a drained backlog is taken as warm-up, before the steady rate is timed. */
+export const warmUpShare = 0.2;
+
+/** A drain timed whole, and over what follows its warm-up share. */
+export interface Drained {
+  messages: number;
+  ms: number;
+  steady: { messages: number; ms: number };
+}
+
+/** Times a drain of `total` messages as each one is counted. */
+class DrainClock {
+  private readonly started = performance.now();
+  private counted = 0;
+  private warm: { at: number; counted: number } | undefined;
+
+  constructor(private readonly total: number) {}
+
+  count(): void {
+    this.counted++;
+    if (this.warm === undefined && this.counted >= this.total * warmUpShare)
+      this.warm = { at: performance.now(), counted: this.counted };
+  }
+
+  result(): Drained {
+    const now = performance.now();
+    const warm = this.warm ?? { at: this.started, counted: 0 };
+    return {
+      messages: this.counted,
+      ms: now - this.started,
+      steady: { messages: this.counted - warm.counted, ms: now - warm.at },
+    };
+  }
+}
 
 export async function startBenchBroker(
   kind: BrokerKind,
@@ -126,26 +161,28 @@ async function startNats(data: string, dir: string): Promise<BenchBroker> {
       const nc = await control();
       const jsm = await jetstreamManager(nc);
       const js = jetstream(nc);
-      const started = performance.now();
-      let messages = 0;
+      const pending = await Promise.all(
+        streams.map(async (stream) => (await jsm.consumers.info(stream, "control")).num_pending),
+      );
+      const clock = new DrainClock(pending.reduce((sum, n) => sum + n, 0));
       await Promise.all(
-        streams.map(async (stream) => {
-          let left = (await jsm.consumers.info(stream, "control")).num_pending;
+        streams.map(async (stream, i) => {
+          let left = pending[i] ?? 0;
           if (left === 0) return;
           const consumer = await js.consumers.get(stream, "control");
           const iterator = await consumer.consume({ max_messages: 256 });
           for await (const msg of iterator) {
             msg.ack();
-            messages++;
+            clock.count();
             if (--left === 0) break;
           }
           await iterator.close();
         }),
       );
       await nc.flush();
-      const ms = performance.now() - started;
+      const drained = clock.result();
       await nc.close();
-      return { messages, ms };
+      return drained;
     },
     // In groups of 20 on a shared lab connection, as the lab runs above a few hundred nodes.
     sendAsNodes: async (nodes, _identityOf, send) => {
@@ -221,20 +258,18 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
         const channel = await connection.createChannel();
         let left = (await channel.checkQueue(controlQueue)).messageCount;
         await channel.prefetch(256);
-        const started = performance.now();
-        let messages = 0;
+        const clock = new DrainClock(left);
         if (left > 0) {
           await new Promise<void>((resolve) => {
             void channel.consume(controlQueue, (message) => {
               if (message === null) return;
               channel.ack(message);
-              messages++;
+              clock.count();
               if (--left === 0) resolve();
             });
           });
         }
-        const ms = performance.now() - started;
-        return { messages, ms };
+        return clock.result();
       }),
     // Each node on its own connection: RabbitMQ checks every message's user against its connection's.
     sendAsNodes: async (nodes, identityOf, send) => {

@@ -11,16 +11,14 @@ import {
   encodeMessage,
   judgeReport,
   parseAlive,
-  parseReport,
+  parseReportText,
 } from "../link/index.js";
 import type { ReportAccount } from "../link/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
-import type { AccountRecord, MeshEvent, NodeRecord, Store } from "../store/index.js";
+import type { AccountRecord, MeshEvent, NodeStanding, Store } from "../store/index.js";
 import { digestKey } from "../store/index.js";
 import { resendLatest } from "./declarations.js";
-
-const utf8 = new TextDecoder();
 
 export interface IngestContext {
   store: Store;
@@ -44,11 +42,11 @@ interface Remembered<T> {
 }
 
 export class Ingest {
-  /** `last_seen` times waiting for the next batched write. */
-  private readonly seen = new Map<string, string>();
+  /** `last_seen` times (ms) waiting for the next batched write. */
+  private readonly seen = new Map<string, number>();
   private readonly lastRefusalLog = new Map<string, number>();
   private readonly lastResend = new Map<string, number>();
-  private readonly enrolled = new Map<string, Remembered<NodeRecord>>();
+  private readonly enrolled = new Map<string, Remembered<NodeStanding>>();
   private readonly latestOrder = new Map<
     string,
     Remembered<{ epoch: number; sequence: number } | undefined>
@@ -150,14 +148,15 @@ export class Ingest {
         continue;
       }
       // Never in the future, whatever the clocks say.
-      const spokeAt = new Date(Math.min(delivery.receivedAt.getTime(), batch.at.getTime())).toISOString();
+      const spokeAt = Math.min(delivery.receivedAt.getTime(), batch.at.getTime());
       if (delivery.kind === "alive") {
         this.alive(batch, node, delivery.body, spokeAt);
         continue;
       }
       let report: Report;
+      let text: string;
       try {
-        report = parseReport(delivery.body);
+        ({ report, text } = parseReportText(delivery.body));
       } catch (error) {
         if (!(error instanceof ContractError)) throw error;
         this.refuse(batch, node, "report", error.reason);
@@ -171,7 +170,7 @@ export class Ingest {
       reports.push({
         node,
         report,
-        text: utf8.decode(delivery.body),
+        text,
         enrolledAt: record.enrolledAt,
       });
     }
@@ -182,8 +181,8 @@ export class Ingest {
    * The records of the batch's nodes: read afresh for a node that sent a report (reports are ordered by when the
    * node enrolled); for alives, the bulk of the traffic, one read a moment ago will do.
    */
-  private async nodeRecords(deliveries: readonly ControlDelivery[]): Promise<Map<string, NodeRecord>> {
-    const records = new Map<string, NodeRecord>();
+  private async nodeRecords(deliveries: readonly ControlDelivery[]): Promise<Map<string, NodeStanding>> {
+    const records = new Map<string, NodeStanding>();
     const toRead = new Set<string>();
     for (const { node, kind } of deliveries) {
       if (node === undefined) continue;
@@ -192,7 +191,7 @@ export class Ingest {
       else if (!records.has(node)) records.set(node, known.value);
     }
     if (toRead.size === 0) return records;
-    const read = await this.context.store.nodes.getMany([...toRead]);
+    const read = await this.context.store.nodes.standings([...toRead]);
     for (const node of toRead) {
       const record = read.get(node);
       if (record === undefined) records.delete(node);
@@ -206,12 +205,12 @@ export class Ingest {
   /** Writes the batched `last_seen` times. */
   async flush(): Promise<void> {
     if (this.seen.size === 0) return;
-    const batch = new Map(this.seen);
+    const batch = new Map([...this.seen].map(([node, at]) => [node, new Date(at).toISOString()]));
     this.seen.clear();
     await this.context.store.nodes.touch(batch);
   }
 
-  private alive(batch: Batch, node: string, body: Uint8Array, spokeAt: string): void {
+  private alive(batch: Batch, node: string, body: Uint8Array, spokeAt: number): void {
     let alive;
     try {
       alive = parseAlive(body);
@@ -349,8 +348,8 @@ class Batch {
   readonly counters: Array<{ node: string; name: string; by: number }> = [];
   readonly events: MeshEvent[] = [];
   readonly receipts: Array<{ node: string; receipt: Receipt }> = [];
-  /** When each node spoke, taken into `last_seen` once the batch is written. */
-  readonly seen = new Map<string, string>();
+  /** When each node spoke (ms), taken into `last_seen` once the batch is written. */
+  readonly seen = new Map<string, number>();
   /** What each node's latest alive says it holds. */
   readonly holds = new Map<string, { epoch: number; sequence: number }>();
 

@@ -62,6 +62,7 @@ export {
   parseEnrolReply,
   parseMessage,
   parseReport,
+  parseReportText,
 } from "./parse.js";
 export {
   escapeRegex,

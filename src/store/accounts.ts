@@ -3,9 +3,8 @@
  * bounded history stands behind it. An account is a statement by the node, never what the node should hold.
  */
 import type { Insertable, Kysely, Selectable } from "kysely";
-import { CompiledQuery } from "kysely";
-import { StoreError } from "../errors.js";
 import type { AccountTable, Database } from "./schema.js";
+import { StatementTexts } from "./statements.js";
 import { inTransaction, slices } from "./transaction.js";
 
 export interface AccountRecord {
@@ -23,8 +22,7 @@ export class AccountQueries {
   constructor(
     private readonly db: Kysely<Database>,
     private readonly historyLimit: number,
-    /** The insert statement's SQL by number of rows, shared by the store's transactions. */
-    private readonly insertText = new Map<number, string>(),
+    private readonly statements = new StatementTexts(),
   ) {}
 
   /** Keeps an account as the node's recovery copy and trims the history behind it. */
@@ -41,48 +39,49 @@ export class AccountQueries {
     await inTransaction(this.db, async (trx) => {
       for (const slice of slices(accounts)) await this.insert(trx, slice);
       for (const nodes of slices([...new Set(accounts.map((account) => account.node))])) {
-        // Everything behind each node's newest `historyLimit` accounts, ranked within the node.
-        const ranked = trx
-          .selectFrom("accounts")
-          .select((eb) => [
-            "id",
-            eb.fn
-              .agg<number>("row_number")
-              .over((ob) => ob.partitionBy("node").orderBy("id", "desc"))
-              .as("place"),
-          ])
-          .where("node", "in", nodes)
-          .as("ranked");
-        await trx
-          .deleteFrom("accounts")
-          .where("id", "in", (eb) =>
-            eb.selectFrom(ranked).select("ranked.id").where("ranked.place", ">", this.historyLimit),
-          )
-          .execute();
+        // Each node's edge is the newest account behind the ones it keeps, found by walking its index back
+        // `historyLimit` steps; that account and everything older go. Nodes with no more than that have no edge.
+        await this.statements.run(
+          trx,
+          `accounts.trim.${nodes.length}`,
+          [1, this.historyLimit, ...nodes],
+          () =>
+            trx.deleteFrom("accounts").where("id", "in", (eb) =>
+              eb
+                .selectFrom("accounts as old")
+                .innerJoin(
+                  (inner) =>
+                    inner
+                      .selectFrom("nodes")
+                      .select((node) => [
+                        "nodes.name as node",
+                        node
+                          .selectFrom("accounts as kept")
+                          .select("kept.id")
+                          .whereRef("kept.node", "=", "nodes.name")
+                          .orderBy("kept.id", "desc")
+                          .limit(1)
+                          .offset(this.historyLimit)
+                          .as("edge"),
+                      ])
+                      .where("nodes.name", "in", nodes)
+                      .as("edges"),
+                  (join) => join.onRef("old.node", "=", "edges.node").onRef("old.id", "<=", "edges.edge"),
+                )
+                .select("old.id"),
+            ),
+        );
       }
     });
   }
 
-  /**
-   * Inserts accounts in one statement. Building a statement of a few hundred rows costs more than running it, so
-   * its SQL is built once for each number of rows and the values are bound in the same order.
-   */
+  /** Inserts accounts in one statement, its values bound in the order of the table's columns. */
   private async insert(trx: Kysely<Database>, accounts: readonly AccountRecord[]): Promise<void> {
     const rows = accounts.map(toRow);
-    const parameters = rows.flatMap((row) => Object.values(row));
-    let text = this.insertText.get(rows.length);
-    if (text === undefined) {
-      const compiled = trx.insertInto("accounts").values(rows).compile();
-      // Checked when built: the statement binds exactly these values in this order.
-      if (
-        compiled.parameters.length !== parameters.length ||
-        compiled.parameters.some((v, i) => v !== parameters[i])
-      )
-        throw new StoreError("the accounts insert binds its values in an unexpected order");
-      text = compiled.sql;
-      this.insertText.set(rows.length, text);
-    }
-    await trx.executeQuery(CompiledQuery.raw(text, parameters));
+    const values = rows.flatMap((row) => Object.values(row));
+    await this.statements.run(trx, `accounts.insert.${rows.length}`, values, () =>
+      trx.insertInto("accounts").values(rows),
+    );
   }
 
   /** The newest kept account, or undefined when the node never reported. */
@@ -94,17 +93,21 @@ export class AccountQueries {
   async recoveryCopies(nodes: readonly string[]): Promise<Map<string, AccountRecord>> {
     const copies = new Map<string, AccountRecord>();
     for (const slice of slices([...new Set(nodes)])) {
-      const rows = await this.db
-        .selectFrom("accounts")
-        .selectAll()
-        .where("id", "in", (eb) =>
-          eb
-            .selectFrom("accounts")
-            .select((inner) => inner.fn.max("id").as("id"))
-            .where("node", "in", slice)
-            .groupBy("node"),
-        )
-        .execute();
+      // Each node's newest account is one step down its index, where grouping would walk its whole history.
+      const { rows } = await this.statements.run(this.db, `accounts.copies.${slice.length}`, slice, () =>
+        this.db
+          .selectFrom("nodes")
+          .innerJoin("accounts", (join) =>
+            join.on("accounts.id", "=", (eb) =>
+              eb
+                .selectFrom("accounts as newest")
+                .select((inner) => inner.fn.max("newest.id").as("id"))
+                .whereRef("newest.node", "=", "nodes.name"),
+            ),
+          )
+          .selectAll("accounts")
+          .where("nodes.name", "in", slice),
+      );
       for (const row of rows) copies.set(row.node, toRecord(row));
     }
     return copies;

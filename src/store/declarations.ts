@@ -1,6 +1,7 @@
 /** Declarations as sent: the latest per node and a bounded history behind it. */
 import type { Kysely } from "kysely";
 import type { Database, DeclarationTable } from "./schema.js";
+import { StatementTexts } from "./statements.js";
 import { inTransaction, slices } from "./transaction.js";
 
 export interface DeclarationRecord {
@@ -16,6 +17,7 @@ export class DeclarationQueries {
   constructor(
     private readonly db: Kysely<Database>,
     private readonly historyLimit: number,
+    private readonly statements = new StatementTexts(),
   ) {}
 
   /** Records a declaration and drops the ones that fell out of the node's bounded history. */
@@ -28,38 +30,39 @@ export class DeclarationQueries {
     if (declarations.length === 0) return;
     await inTransaction(this.db, async (trx) => {
       for (const slice of slices(declarations)) {
-        await trx
-          .insertInto("declarations")
-          .values(
-            slice.map((declaration) => ({
-              node: declaration.node,
-              sequence: declaration.sequence,
-              epoch: declaration.epoch,
-              issued_at: declaration.issuedAt,
-              digest: declaration.digest,
-              envelope: declaration.envelope,
-            })),
-          )
-          .execute();
+        const rows = slice.map((declaration) => ({
+          node: declaration.node,
+          sequence: declaration.sequence,
+          epoch: declaration.epoch,
+          issued_at: declaration.issuedAt,
+          digest: declaration.digest,
+          envelope: declaration.envelope,
+        }));
+        await this.statements.run(
+          trx,
+          `declarations.insert.${rows.length}`,
+          rows.flatMap((row) => Object.values(row)),
+          () => trx.insertInto("declarations").values(rows),
+        );
       }
-      for (const declaration of declarations) {
+      for (const { node, sequence } of declarations) {
         // A node with no more declarations than the history holds has nothing to drop (most of a fleet, most days).
-        if (declaration.sequence <= this.historyLimit) continue;
-        const oldestKept = await trx
-          .selectFrom("declarations")
-          .select("sequence")
-          .where("node", "=", declaration.node)
-          .orderBy("sequence", "desc")
-          .limit(1)
-          .offset(this.historyLimit - 1)
-          .executeTakeFirst();
-        if (oldestKept !== undefined) {
-          await trx
+        if (sequence <= this.historyLimit) continue;
+        // Everything older than the node's newest `historyLimit` declarations.
+        await this.statements.run(trx, "declarations.trim", [node, node, 1, this.historyLimit - 1], () =>
+          trx
             .deleteFrom("declarations")
-            .where("node", "=", declaration.node)
-            .where("sequence", "<", oldestKept.sequence)
-            .execute();
-        }
+            .where("node", "=", node)
+            .where("sequence", "<", (eb) =>
+              eb
+                .selectFrom("declarations as kept")
+                .select("kept.sequence")
+                .where("kept.node", "=", node)
+                .orderBy("kept.sequence", "desc")
+                .limit(1)
+                .offset(this.historyLimit - 1),
+            ),
+        );
       }
     });
   }
@@ -98,12 +101,17 @@ export class DeclarationQueries {
     for (const slice of slices([...new Set(wanted.map(({ node }) => node))])) {
       const inSlice = new Set(slice);
       const digests = [...new Set(wanted.filter(({ node }) => inSlice.has(node)).map((w) => w.digest))];
-      const rows = await this.db
-        .selectFrom("declarations")
-        .select(["node", "digest", "epoch", "sequence"])
-        .where("node", "in", slice)
-        .where("digest", "in", digests)
-        .execute();
+      const { rows } = await this.statements.run(
+        this.db,
+        `declarations.orders.${slice.length}.${digests.length}`,
+        [...slice, ...digests],
+        () =>
+          this.db
+            .selectFrom("declarations")
+            .select(["node", "digest", "epoch", "sequence"])
+            .where("node", "in", slice)
+            .where("digest", "in", digests),
+      );
       for (const row of rows) {
         const key = digestKey(row.node, row.digest);
         const known = orders.get(key);

@@ -6,7 +6,7 @@ export { nodeStates } from "./schema.js";
 export type { NodeState } from "./schema.js";
 export { tokenStatus, tokenStatuses } from "./tokens.js";
 export type { NewToken, TokenRecord, TokenStatus } from "./tokens.js";
-export type { Enrolment, NodeRecord } from "./nodes.js";
+export type { Enrolment, NodeRecord, NodeStanding } from "./nodes.js";
 export type { DeclarationRecord } from "./declarations.js";
 export { digestKey } from "./declarations.js";
 export type { AccountRecord } from "./accounts.js";

@@ -2,6 +2,7 @@
 import type { Kysely } from "kysely";
 import { MeshError } from "../errors.js";
 import type { Database, NodeState, NodeTable } from "./schema.js";
+import { StatementTexts } from "./statements.js";
 import { inTransaction, slices } from "./transaction.js";
 
 export interface NodeRecord {
@@ -18,6 +19,12 @@ export interface NodeRecord {
   declarationSequence: number;
 }
 
+/** Where a node stands, as ingest judges its messages. */
+export interface NodeStanding {
+  state: NodeState;
+  enrolledAt: string | null;
+}
+
 export interface Enrolment {
   signingKey: string;
   overlayKey: string;
@@ -27,7 +34,10 @@ export interface Enrolment {
 }
 
 export class NodeQueries {
-  constructor(private readonly db: Kysely<Database>) {}
+  constructor(
+    private readonly db: Kysely<Database>,
+    private readonly statements = new StatementTexts(),
+  ) {}
 
   async list(): Promise<NodeRecord[]> {
     const rows = await this.db.selectFrom("nodes").selectAll().orderBy("name").execute();
@@ -39,14 +49,19 @@ export class NodeQueries {
     return row === undefined ? undefined : toRecord(row);
   }
 
-  /** The records of those of these nodes that exist. */
-  async getMany(names: readonly string[]): Promise<Map<string, NodeRecord>> {
-    const records = new Map<string, NodeRecord>();
+  /**
+   * Where each of these nodes stands (those that exist): the state and the enrolment time, and nothing else, since
+   * ingest asks this for every batch of reports.
+   */
+  async standings(names: readonly string[]): Promise<Map<string, NodeStanding>> {
+    const standings = new Map<string, NodeStanding>();
     for (const slice of slices([...new Set(names)])) {
-      const rows = await this.db.selectFrom("nodes").selectAll().where("name", "in", slice).execute();
-      for (const row of rows) records.set(row.name, toRecord(row));
+      const { rows } = await this.statements.run(this.db, `nodes.standings.${slice.length}`, slice, () =>
+        this.db.selectFrom("nodes").select(["name", "state", "enrolled_at"]).where("name", "in", slice),
+      );
+      for (const row of rows) standings.set(row.name, { state: row.state, enrolledAt: row.enrolled_at });
     }
-    return records;
+    return standings;
   }
 
   /** Records what a node sent when it enrolled. A retired node cannot enrol again under its old name. */
@@ -87,12 +102,13 @@ export class NodeQueries {
     if (lastSeen.size === 0) return;
     await inTransaction(this.db, async (trx) => {
       for (const [name, at] of lastSeen) {
-        await trx
-          .updateTable("nodes")
-          .set({ last_seen: at })
-          .where("name", "=", name)
-          .where((eb) => eb.or([eb("last_seen", "is", null), eb("last_seen", "<", at)]))
-          .execute();
+        await this.statements.run(trx, "nodes.touch", [at, name, at], () =>
+          trx
+            .updateTable("nodes")
+            .set({ last_seen: at })
+            .where("name", "=", name)
+            .where((eb) => eb.or([eb("last_seen", "is", null), eb("last_seen", "<", at)])),
+        );
       }
     });
   }

@@ -11,6 +11,7 @@ import { StoreError } from "../errors.js";
 import { AccountQueries } from "./accounts.js";
 import { CounterQueries } from "./counters.js";
 import { SqlLease } from "./lease.js";
+import { StatementTexts } from "./statements.js";
 import { RevokedIdentityQueries } from "./revoked-identities.js";
 import { DeclarationQueries } from "./declarations.js";
 import { EpochQueries } from "./epochs.js";
@@ -45,12 +46,12 @@ export class Store {
     private readonly db: Kysely<Database>,
     private readonly options: StoreOptions,
     /** Statement texts built once, shared with the store handed to each transaction. */
-    private readonly accountInserts = new Map<number, string>(),
+    private readonly statements = new StatementTexts(),
   ) {
     this.tokens = new TokenQueries(db);
-    this.nodes = new NodeQueries(db);
-    this.declarations = new DeclarationQueries(db, options.historyLimit);
-    this.accounts = new AccountQueries(db, options.historyLimit, accountInserts);
+    this.nodes = new NodeQueries(db, statements);
+    this.declarations = new DeclarationQueries(db, options.historyLimit, statements);
+    this.accounts = new AccountQueries(db, options.historyLimit, statements);
     this.events = new EventQueries(db);
     this.epochs = new EpochQueries(db);
     this.counters = new CounterQueries(db);
@@ -63,9 +64,7 @@ export class Store {
    * at all. A transaction inside it is this one.
    */
   async transaction<T>(work: (store: Store) => Promise<T>): Promise<T> {
-    return inTransaction(this.db, (trx) =>
-      work(new Store(this.dialect, trx, this.options, this.accountInserts)),
-    );
+    return inTransaction(this.db, (trx) => work(new Store(this.dialect, trx, this.options, this.statements)));
   }
 
   /** The lease kept in this store (for deployments without NATS). */

@@ -295,9 +295,9 @@ for (const backend of storeBackends) {
         ["batch-a", 5],
         ["batch-b", 2],
       ]);
-      const records = await store.nodes.getMany([...nodes, "batch-nobody"]);
-      assert.deepEqual([...records.keys()].sort(), nodes);
-      assert.equal(records.get("batch-a")?.state, "invited");
+      const standings = await store.nodes.standings([...nodes, "batch-nobody"]);
+      assert.deepEqual([...standings.keys()].sort(), nodes);
+      assert.deepEqual(standings.get("batch-a"), { state: "invited", enrolledAt: null });
     });
 
     test("batches — orders of digests and latest orders of many nodes, in a few statements", async () => {
