@@ -433,4 +433,31 @@ describe("the mesh end to end over RabbitMQ", () => {
     // The control plane itself carries on.
     assert.equal(up.child.exitCode, null, up.stderr());
   });
+
+  test("amqp enrolment — eight machines joining at once each get an account and a queue of their own", async () => {
+    const names = Array.from({ length: 8 }, (_, i) => `crowd-${i + 1}`);
+    const tokens = await Promise.all(names.map((node) => issue(node)));
+    const joins = await Promise.all(
+      names.map((node, i) => meshHost(["join", tokens[i] ?? "", "--state", join(dir.path, node)])),
+    );
+    joins.forEach((run, i) => {
+      assert.equal(run.code, 0, run.stderr);
+      assert.equal(run.stdout, `${names[i]}\n`);
+    });
+    const users = names.map((node) => identityOf(join(dir.path, node)).broker.credential.username);
+    assert.equal(new Set(users).size, names.length, "no two nodes share an account");
+    for (const [i, node] of names.entries()) {
+      assert.deepEqual(await accounts("node", node), [users[i]]);
+      assert.ok(
+        (await scratch.api.queue(scratch.vhost, `node.${node}`)) !== undefined,
+        `node.${node} exists`,
+      );
+      assert.equal((await show(node)).state, "enrolled");
+    }
+    await eventually("the spent tokens' accounts to be deleted", async () =>
+      (await Promise.all(names.map((node) => accounts("token", node)))).every((left) => left.length === 0)
+        ? true
+        : undefined,
+    );
+  });
 });

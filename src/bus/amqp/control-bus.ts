@@ -37,6 +37,8 @@ const directReplyTo = "amq.rabbitmq.reply-to";
 const controlPrefetch = 1024;
 /** How long a message the handler gave back waits before the broker offers it again. */
 const retryAfterMs = 1000;
+/** Enrolments answered side by side: each makes an account and a queue through the management API. */
+const enrolmentsAtOnce = 32;
 
 /** A message and the channel it is acknowledged on. */
 interface Arrived {
@@ -117,27 +119,33 @@ export class AmqpControlBus implements ControlBus {
   }
 
   /**
-   * Handles what arrives, in order: an enrolment on its own, the reports and alives between two enrolments in
-   * batches.
+   * Handles what arrives, in order, in runs: the enrolments that arrived together side by side (each is a different
+   * token, and a node can send nothing else before its enrolment is answered), the reports and alives between
+   * them in batches.
    */
   private async work(handle: ControlHandler): Promise<void> {
     for await (const arrived of this.arrivals.batches(controlBatchMax)) {
       let start = 0;
       while (start < arrived.length) {
-        const first = arrived[start] as Arrived;
-        if (isEnrol(first.message)) {
-          this.settle(first, await this.enrol(first.message).catch((error: unknown) => this.failed(error)));
-          start++;
+        const enrols = isEnrol((arrived[start] as Arrived).message);
+        let end = start;
+        while (end < arrived.length && isEnrol((arrived[end] as Arrived).message) === enrols) end++;
+        const run = arrived.slice(start, end);
+        start = end;
+        if (enrols) {
+          for (let first = 0; first < run.length; first += enrolmentsAtOnce) {
+            await Promise.all(
+              run.slice(first, first + enrolmentsAtOnce).map(async (one) => {
+                this.settle(one, await this.enrol(one.message).catch((error: unknown) => this.failed(error)));
+              }),
+            );
+          }
           continue;
         }
-        let end = start;
-        while (end < arrived.length && !isEnrol((arrived[end] as Arrived).message)) end++;
-        const run = arrived.slice(start, end);
         const outcomes = await handle(run.map(({ message }) => this.delivery(message))).catch(
           (error: unknown) => run.map(() => this.failed(error)),
         );
         run.forEach((one, i) => this.settle(one, outcomes[i] ?? "retry"));
-        start = end;
       }
     }
   }

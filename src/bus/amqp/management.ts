@@ -63,8 +63,10 @@ export class RabbitManagement {
 
   async setPermissions(vhost: string, user: string, permissions: RabbitPermissions): Promise<void> {
     const { configure, write, read, topic } = permissions;
-    await this.call("PUT", `/permissions/${enc(vhost)}/${enc(user)}`, { configure, write, read });
-    await this.call("PUT", `/topic-permissions/${enc(vhost)}/${enc(user)}`, topic);
+    await Promise.all([
+      this.call("PUT", `/permissions/${enc(vhost)}/${enc(user)}`, { configure, write, read }),
+      this.call("PUT", `/topic-permissions/${enc(vhost)}/${enc(user)}`, topic),
+    ]);
   }
 
   async putQueue(vhost: string, queue: string): Promise<void> {
