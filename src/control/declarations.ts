@@ -8,7 +8,7 @@ import type { ControlBus } from "../bus/index.js";
 import { MeshError, UsageError } from "../errors.js";
 import type { SigningIdentity } from "../keys/index.js";
 import { sealDeclaration } from "../keys/index.js";
-import { encodeMessage, itemsDigest, parseDeclaration } from "../link/index.js";
+import { encodeMessage, itemsDigest } from "../link/index.js";
 import type { Store } from "../store/index.js";
 
 const declaredFileSchema = z.strictObject({
@@ -107,7 +107,9 @@ export async function declareMany(
   const composed = names.map((node) => {
     const sequence = sequences.get(node);
     if (sequence === undefined) throw new MeshError("internal", `no sequence was allocated for ${node}`);
-    const declaration = parseDeclaration({
+    // Checked as it is encoded; the signature covers these bytes exactly, and the node verifies them before it
+    // parses anything.
+    const bytes = encodeMessage({
       kind: "declaration",
       node,
       epoch,
@@ -116,8 +118,6 @@ export async function declareMany(
       items,
       digest,
     });
-    // The signature covers these bytes exactly; the node verifies them before it parses anything.
-    const bytes = encodeMessage(declaration);
     const envelope = encodeMessage(
       sealDeclaration(bytes, context.signing.privateKey, context.signing.fingerprint),
     );

@@ -35,6 +35,9 @@ function fingerprintOf(key: KeyObject): string {
   return known;
 }
 
+/** The signer each private key was last checked to be: a fleet's declarations are sealed one after another. */
+const sealsAs = new WeakMap<KeyObject, string>();
+
 /**
  * Signs a declaration's bytes exactly as they will be published and wraps them in an envelope.
  *
@@ -47,9 +50,12 @@ export function sealDeclaration(
   privateKey: KeyObject,
   signer: string,
 ): DeclarationEnvelope {
-  const ownFingerprint = fingerprintOf(privateKey);
-  if (!fingerprintsEqual(signer, ownFingerprint)) {
-    throw new KeyError(`signer ${signer} is not the fingerprint of the signing key (${ownFingerprint})`);
+  if (sealsAs.get(privateKey) !== signer) {
+    const ownFingerprint = fingerprintOf(privateKey);
+    if (!fingerprintsEqual(signer, ownFingerprint)) {
+      throw new KeyError(`signer ${signer} is not the fingerprint of the signing key (${ownFingerprint})`);
+    }
+    sealsAs.set(privateKey, signer);
   }
   return {
     kind: "declaration_envelope",

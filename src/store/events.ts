@@ -1,6 +1,7 @@
 /** The audit trail: one row per decision the mesh made. */
 import type { Kysely, Selectable } from "kysely";
 import type { Database, EventTable } from "./schema.js";
+import { StatementTexts } from "./statements.js";
 import { inTransaction, slices } from "./transaction.js";
 
 export interface MeshEvent {
@@ -16,7 +17,10 @@ export interface StoredEvent extends MeshEvent {
 }
 
 export class EventQueries {
-  constructor(private readonly db: Kysely<Database>) {}
+  constructor(
+    private readonly db: Kysely<Database>,
+    private readonly statements = new StatementTexts(),
+  ) {}
 
   async record(event: MeshEvent): Promise<void> {
     await this.recordMany([event]);
@@ -27,18 +31,19 @@ export class EventQueries {
     if (events.length === 0) return;
     await inTransaction(this.db, async (trx) => {
       for (const slice of slices(events)) {
-        await trx
-          .insertInto("events")
-          .values(
-            slice.map((event) => ({
-              at: event.at,
-              kind: event.kind,
-              node: event.node,
-              epoch: event.epoch,
-              detail: JSON.stringify(event.detail),
-            })),
-          )
-          .execute();
+        const rows = slice.map((event) => ({
+          at: event.at,
+          kind: event.kind,
+          node: event.node,
+          epoch: event.epoch,
+          detail: JSON.stringify(event.detail),
+        }));
+        await this.statements.run(
+          trx,
+          `events.insert.${rows.length}`,
+          rows.flatMap((row) => Object.values(row)),
+          () => trx.insertInto("events").values(rows),
+        );
       }
     });
   }

@@ -124,12 +124,17 @@ export class NodeQueries {
       // One statement per slice of nodes (a statement binds only so many values), each a compare-and-set on the
       // row itself, so a controller and a command declaring at once never share a sequence.
       for (const slice of slices(distinct)) {
-        const rows = await trx
-          .updateTable("nodes")
-          .set((eb) => ({ declaration_sequence: eb("declaration_sequence", "+", 1) }))
-          .where("name", "in", slice)
-          .returning(["name", "declaration_sequence"])
-          .execute();
+        const { rows } = await this.statements.run(
+          trx,
+          `nodes.nextSequences.${slice.length}`,
+          [1, ...slice],
+          () =>
+            trx
+              .updateTable("nodes")
+              .set((eb) => ({ declaration_sequence: eb("declaration_sequence", "+", 1) }))
+              .where("name", "in", slice)
+              .returning(["name", "declaration_sequence"]),
+        );
         for (const row of rows) sequences.set(row.name, row.declaration_sequence);
       }
       const missing = distinct.filter((name) => !sequences.has(name));

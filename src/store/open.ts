@@ -52,7 +52,7 @@ export class Store {
     this.nodes = new NodeQueries(db, statements);
     this.declarations = new DeclarationQueries(db, options.historyLimit, statements);
     this.accounts = new AccountQueries(db, options.historyLimit, statements);
-    this.events = new EventQueries(db);
+    this.events = new EventQueries(db, statements);
     this.epochs = new EpochQueries(db);
     this.counters = new CounterQueries(db);
     this.revokedIdentities = new RevokedIdentityQueries(db);

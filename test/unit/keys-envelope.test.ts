@@ -171,11 +171,14 @@ void describe("declaration envelope", () => {
     );
   });
 
-  void test("envelope — sealing with a signer that is not the key's own fingerprint is refused", () => {
+  void test("envelope — sealing with a signer that is not the key's own fingerprint is refused, after good seals too", () => {
     const other = fingerprint(generateSigningKeyPair().publicKey);
+    sealDeclaration(encoder.encode("{}"), controlPlane.privateKey, controlPlaneFingerprint);
     assert.throws(
       () => sealDeclaration(encoder.encode("{}"), controlPlane.privateKey, other),
       refusedWith(/is not the fingerprint of the signing key/),
     );
+    const again = sealDeclaration(encoder.encode("{}"), controlPlane.privateKey, controlPlaneFingerprint);
+    assert.equal(again.signer, controlPlaneFingerprint);
   });
 });
