@@ -328,7 +328,7 @@ async function benchMesh(): Promise<void> {
       serve = startServe(data, broker.url, profileDir, metricsAddress);
       await serve.serving;
       const cpuBefore = cpuSeconds(serve.pid);
-      const mesh = await timeServeDrain(metricsAddress, pending);
+      const mesh = await timeServeDrain(serve, metricsAddress, pending);
       const cpuMs = (cpuSeconds(serve.pid) - cpuBefore) * 1000;
       const rate = (drained: { messages: number; ms: number }) => drained.messages / (drained.ms / 1000);
       say(
@@ -426,12 +426,15 @@ async function preload(
  * Times serve's drain of a backlog of `total` by its /metrics: whole, and after its warm-up share, as the raw drain
  * is timed. It asks seldom while much is left and often near the end, so the asking costs serve little.
  */
-async function timeServeDrain(metricsAddress: string, total: number): Promise<Drained> {
+async function timeServeDrain(serve: ServeProcess, metricsAddress: string, total: number): Promise<Drained> {
   const started = performance.now();
   const deadline = Date.now() + 600_000;
   let warm: { at: number; handled: number } | undefined;
   for (;;) {
-    const handled = await handledBy(metricsAddress);
+    const handled = await handledBy(metricsAddress).catch((error: unknown) => {
+      const ended = serve.ended();
+      throw ended === undefined ? error : new Error(`mesh serve ${ended}`);
+    });
     const at = performance.now();
     if (warm === undefined && handled >= total * warmUpShare) warm = { at, handled };
     if (handled >= total) {

@@ -35,6 +35,8 @@ export interface ServeProcess {
   serving: Promise<void>;
   stop(): Promise<void>;
   stderr(): string;
+  /** How serve ended and the end of what it said, or undefined while it runs. */
+  ended(): string | undefined;
 }
 
 export function startServe(
@@ -64,6 +66,10 @@ export function startServe(
     pid: child.pid ?? 0,
     serving,
     stderr: () => err,
+    ended: () =>
+      child.exitCode === null && child.signalCode === null
+        ? undefined
+        : `exited with ${child.exitCode ?? child.signalCode}: ${err.slice(-2000)}`,
     stop: async () => {
       if (child.exitCode === null && child.signalCode === null) child.kill("SIGTERM");
       await exited;

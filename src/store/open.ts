@@ -6,7 +6,6 @@ import { mkdirSync } from "node:fs";
 import { dirname } from "node:path";
 import SqliteDatabase from "better-sqlite3";
 import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from "kysely";
-import pg from "pg";
 import { StoreError } from "../errors.js";
 import { AccountQueries } from "./accounts.js";
 import { CounterQueries } from "./counters.js";
@@ -79,7 +78,7 @@ export class Store {
 
 export async function openStore(url: string, options: StoreOptions): Promise<Store> {
   const location = parseStoreUrl(url);
-  const db = connect(location, url);
+  const db = await connect(location, url);
   try {
     if (location.dialect === "postgres" && location.schema !== undefined) {
       await sql`create schema if not exists ${sql.id(location.schema)}`.execute(db);
@@ -93,7 +92,7 @@ export async function openStore(url: string, options: StoreOptions): Promise<Sto
   return new Store(location.dialect, db, options);
 }
 
-function connect(location: StoreLocation, url: string): Kysely<Database> {
+async function connect(location: StoreLocation, url: string): Promise<Kysely<Database>> {
   switch (location.dialect) {
     case "sqlite": {
       if (location.path !== ":memory:") mkdirSync(dirname(location.path), { recursive: true });
@@ -112,6 +111,9 @@ function connect(location: StoreLocation, url: string): Kysely<Database> {
       return new Kysely<Database>({ dialect: new SqliteDialect({ database: withStatementCache(file) }) });
     }
     case "postgres": {
+      // Loaded only for PostgreSQL: most commands run on SQLite, and loading the driver is a good part of a
+      // command's start.
+      const { default: pg } = await import("pg");
       const pool = new pg.Pool({
         connectionString: location.connectionString,
         max: 10,
