@@ -17,7 +17,7 @@ export interface BenchOptions {
   /** How many join at once in the enrolment part (default: all of them). */
   joinConcurrency: number;
   failover: { trials: number; ttl: string; renew: string; margin: string; shortened: boolean };
-  /** Run the serve process under --cpu-prof and keep the profile under bench/results/profiles/. */
+  /** Run serve (and the fleet's `mesh declare --all`) under --cpu-prof, profiles kept under bench/results/profiles/. */
   profile: boolean;
 }
 

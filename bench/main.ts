@@ -241,7 +241,7 @@ async function benchMesh(): Promise<void> {
       converged.delete(first);
       appliedNodes.delete(first);
       startedAt = performance.now();
-      await runMesh(data, ["declare", "--all", "-f", declarationFile, "--json"]);
+      await runMesh(data, ["declare", "--all", "-f", declarationFile, "--json"], profileDir);
       const fanoutMs = performance.now() - startedAt;
       await waitFor(() => converged.size >= lab.status().running, 300_000);
       const convergedMs = [...converged.values()].map((t) => t - startedAt);

@@ -1,6 +1,7 @@
 /**
  * The mesh as the benchmarks run it: `mesh serve` as its own process (so its CPU and memory are its own, and it
- * can run under --cpu-prof), and other `mesh` commands as an operator runs them.
+ * can run under --cpu-prof), and other `mesh` commands as an operator runs them (the fleet's declaration may run
+ * under --cpu-prof too).
  */
 import { execFile, execFileSync, spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
@@ -15,11 +16,12 @@ export function meshCli(data: string, args: readonly string[]): string {
 }
 
 /** Runs a `mesh` command in a process of its own without blocking this one (its simulated nodes keep running). */
-export function runMesh(data: string, args: readonly string[]): Promise<string> {
+export function runMesh(data: string, args: readonly string[], profileDir?: string): Promise<string> {
+  const flags = profileDir === undefined ? [] : ["--cpu-prof", "--cpu-prof-dir", profileDir];
   return new Promise((resolve, reject) => {
     execFile(
       process.execPath,
-      [`${root}bin/mesh.js`, "--data", data, ...args],
+      [...flags, `${root}bin/mesh.js`, "--data", data, ...args],
       { env: { ...process.env, MESH_HOME: "" }, encoding: "utf8", maxBuffer: 64 * 1024 * 1024 },
       (error, stdout, stderr) => {
         if (error === null) resolve(stdout);
