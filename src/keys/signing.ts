@@ -78,12 +78,27 @@ export function encodeSigningPublicKey(publicKey: KeyObject): string {
 }
 
 /**
+ * Public keys already decoded, by their text: the same text gives the same (immutable) KeyObject, so what is worked
+ * out once per key (its fingerprint) is worked out once for the many nodes of one process that pin the same key.
+ */
+const decodedPublicKeys = new Map<string, KeyObject>();
+const decodedKeysKept = 64;
+
+/**
  * Reads a public key written by {@link encodeSigningPublicKey}.
  * @throws KeyError when the text is not canonical base64 or does not hold exactly 32 bytes.
  */
 export function decodeSigningPublicKey(base64: string): KeyObject {
-  const raw = decodeKeyBase64(base64, signingPublicKeyLength, "Ed25519 signing public key");
-  return signingPublicKeyFromRaw(raw);
+  let key = decodedPublicKeys.get(base64);
+  if (key === undefined) {
+    key = signingPublicKeyFromRaw(
+      decodeKeyBase64(base64, signingPublicKeyLength, "Ed25519 signing public key"),
+    );
+    if (decodedPublicKeys.size >= decodedKeysKept)
+      decodedPublicKeys.delete(decodedPublicKeys.keys().next().value as string);
+    decodedPublicKeys.set(base64, key);
+  }
+  return key;
 }
 
 /** An Ed25519 public key from its raw 32 bytes. */
