@@ -147,8 +147,9 @@ export class Ingest {
         );
         continue;
       }
-      // Never in the future, whatever the clocks say.
-      const spokeAt = Math.min(delivery.receivedAt.getTime(), batch.at.getTime());
+      // Never in the future, whatever the clocks say (and the batch's time for a time that is no time at all).
+      const received = delivery.receivedAt.getTime();
+      const spokeAt = Number.isFinite(received) ? Math.min(received, batch.at.getTime()) : batch.at.getTime();
       if (delivery.kind === "alive") {
         this.alive(batch, node, delivery.body, spokeAt);
         continue;

@@ -260,25 +260,37 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       clearTimeout(revokeTimer);
       await revoking;
     });
+    // Enrolments are answered side by side, but one node's one after another: a node with two valid tokens
+    // presented at once must end with one broker identity, the one before revoked each time.
+    const enrolling = new Map<string, Promise<unknown>>();
     await side.bus.answerEnrolments(async (request) => {
       if (!gate()) {
         const reason = "the control plane is handing over; try again";
         return { reply: encodeMessage({ kind: "enrol_reply", accepted: false, reason }) };
       }
-      return answerEnrolment(
-        {
-          store,
-          broker: side.identities,
-          signing,
-          log,
-          now,
-          resendLatest: async (node) => {
-            if (gate()) await resendLatest(store, side.bus, node);
+      const answer = () =>
+        answerEnrolment(
+          {
+            store,
+            broker: side.identities,
+            signing,
+            log,
+            now,
+            resendLatest: async (node) => {
+              if (gate()) await resendLatest(store, side.bus, node);
+            },
+            revokeSoon,
           },
-          revokeSoon,
-        },
-        request,
-      );
+          request,
+        );
+      const before = enrolling.get(request.node) ?? Promise.resolve();
+      const turn = before.then(answer, answer);
+      enrolling.set(request.node, turn);
+      try {
+        return await turn;
+      } finally {
+        if (enrolling.get(request.node) === turn) enrolling.delete(request.node);
+      }
     });
     if (stopping) return;
     const running = new Ingest({

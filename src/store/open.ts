@@ -113,7 +113,9 @@ async function connect(location: StoreLocation, url: string): Promise<Kysely<Dat
     case "postgres": {
       // Loaded only for PostgreSQL: most commands run on SQLite, and loading the driver is a good part of a
       // command's start.
-      const { default: pg } = await import("pg");
+      const { default: pg } = await import("pg").catch((error: unknown) => {
+        throw new StoreError(`cannot load the PostgreSQL driver: ${describe(error)}`, { cause: error });
+      });
       const pool = new pg.Pool({
         connectionString: location.connectionString,
         max: 10,

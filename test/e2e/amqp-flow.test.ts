@@ -460,4 +460,21 @@ describe("the mesh end to end over RabbitMQ", () => {
         : undefined,
     );
   });
+
+  test("amqp enrolment — one node's two tokens presented at once leave it one account, the other revoked", async () => {
+    const tokens = [await issue("twice-1"), await issue("twice-1")];
+    const states = ["twice-1a", "twice-1b"].map((name) => join(dir.path, name));
+    const joins = await Promise.all(
+      tokens.map((token, i) => meshHost(["join", token, "--state", states[i] ?? ""])),
+    );
+    for (const run of joins) assert.equal(run.code, 0, run.stderr);
+    const users = states.map((state) => identityOf(state).broker.credential.username);
+    assert.notEqual(users[0], users[1]);
+    // Whichever enrolled second replaced the first, whose account the broker no longer has.
+    await eventually("one account to be left for the node", async () =>
+      (await accounts("node", "twice-1")).length === 1 ? true : undefined,
+    );
+    const [left] = await accounts("node", "twice-1");
+    assert.ok(left !== undefined && users.includes(left), `${left} is one of ${users.join(", ")}`);
+  });
 });
