@@ -27,11 +27,12 @@ export class Arrivals<T> {
       if (this.waiting.length > 0) {
         // More arriving while the last batch was handled means load: let the event loop read what the socket
         // holds (a turn or a few) before handing over, so a batch is not cut at one read's worth. Alone, a message
-        // waits one turn.
-        for (let turn = 0; turn < gatherTurns && this.waiting.length < max; turn++) {
+        // waits one turn. Every batch waits one turn at least, even with a full batch waiting: a long backlog
+        // must never keep timers (the lease's renewal, the last_seen flush) waiting behind it.
+        for (let turn = 0; turn < gatherTurns; turn++) {
           const before = this.waiting.length;
           await new Promise((resolve) => setImmediate(resolve));
-          if (this.waiting.length === before) break;
+          if (this.waiting.length === before || this.waiting.length >= max) break;
         }
         yield this.waiting.splice(0, max);
         continue;
