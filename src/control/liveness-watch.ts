@@ -19,11 +19,13 @@ export class LivenessWatch {
 
   async check(): Promise<void> {
     const now = this.now();
+    // After a restart, the last crossing in the audit trail says where each node stood, so it is not told again:
+    // read for the whole fleet at once, the first time only.
+    const recorded = this.known.size === 0 ? await this.lastRecorded() : new Map<string, Liveness>();
     for (const node of await this.store.nodes.list()) {
       if (node.state !== "enrolled") continue;
       const reading = livenessOf(node.lastSeen, now, this.outOfTouchAfterMs);
-      // After a restart, the last crossing in the audit trail says where the node stood, so it is not told again.
-      const before = this.known.get(node.name) ?? (await this.lastRecorded(node.name));
+      const before = this.known.get(node.name) ?? recorded.get(node.name);
       this.known.set(node.name, reading.liveness);
       if (before === reading.liveness) continue;
       if (reading.liveness === "out_of_touch") {
@@ -36,13 +38,11 @@ export class LivenessWatch {
     }
   }
 
-  private async lastRecorded(node: string): Promise<Liveness | undefined> {
-    const events = await this.store.events.list({ limit: 20, node });
-    const crossing = events
-      .reverse()
-      .find((e) => e.kind === "node.out_of_touch" || e.kind === "node.back_in_touch");
-    if (crossing === undefined) return undefined;
-    return crossing.kind === "node.out_of_touch" ? "out_of_touch" : "here";
+  private async lastRecorded(): Promise<Map<string, Liveness>> {
+    const crossings = await this.store.events.latestOfKinds(["node.out_of_touch", "node.back_in_touch"]);
+    return new Map(
+      [...crossings].map(([node, kind]) => [node, kind === "node.out_of_touch" ? "out_of_touch" : "here"]),
+    );
   }
 
   private async record(

@@ -48,6 +48,27 @@ export class EventQueries {
     });
   }
 
+  /**
+   * The newest event of each of these kinds, by node, for every node that has one: one statement for a whole fleet
+   * (the liveness watch reads where each node last stood when it starts).
+   */
+  async latestOfKinds(kinds: readonly string[]): Promise<Map<string, string>> {
+    if (kinds.length === 0) return new Map();
+    const rows = await this.db
+      .selectFrom("events")
+      .select(["node", "kind"])
+      .where("id", "in", (eb) =>
+        eb
+          .selectFrom("events")
+          .select((inner) => inner.fn.max("id").as("id"))
+          .where("kind", "in", kinds)
+          .where("node", "is not", null)
+          .groupBy("node"),
+      )
+      .execute();
+    return new Map(rows.flatMap(({ node, kind }) => (node === null ? [] : [[node, kind]])));
+  }
+
   /** The newest `limit` events, oldest first, optionally of one node. */
   async list(options: { limit: number; node?: string }): Promise<StoredEvent[]> {
     let query = this.db.selectFrom("events").selectAll().orderBy("id", "desc").limit(options.limit);

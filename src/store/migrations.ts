@@ -164,12 +164,23 @@ const controllerNoEpoch: NumberedMigration = () => ({
   },
 });
 
+/** A node's events found by its name: a fleet's audit trail is far too long to scan for one node. */
+const eventsByNode: NumberedMigration = () => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema.createIndex("events_node").on("events").columns(["node", "id"]).execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema.dropIndex("events_node").execute();
+  },
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
   ["0003_revoked_identities", revokedIdentities],
   ["0004_controller_lease", controllerLease],
   ["0005_controller_no_epoch", controllerNoEpoch],
+  ["0006_events_by_node", eventsByNode],
 ];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {
