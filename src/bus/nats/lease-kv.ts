@@ -38,9 +38,18 @@ export class NatsKvLease implements LeaseBackend {
     return new NatsKvLease(nc, await NatsKvLease.bucket(nc, bucket, ttlMs), bucket, ttlMs);
   }
 
-  private static bucket(nc: NatsConnection, bucket: string, ttlMs: number): Promise<KV> {
+  private static async bucket(nc: NatsConnection, bucket: string, ttlMs: number): Promise<KV> {
     // No direct gets: in a cluster a follower could answer with an older holder.
-    return new Kvm(nc).create(bucket, { ttl: ttlMs, history: 1, allow_direct: false });
+    const kv = await new Kvm(nc).create(bucket, { ttl: ttlMs, history: 1, allow_direct: false });
+    // An existing bucket keeps the TTL it was made with: brought to this one, or a holder renewing on the new
+    // timings would see its entry age out under it (and a standby would not be told).
+    const stream = `KV_${bucket}`;
+    const jsm = await jetstreamManager(nc);
+    const { config } = await jsm.streams.info(stream);
+    if (config.max_age !== ttlMs * 1_000_000) {
+      await jsm.streams.update(stream, { ...config, max_age: ttlMs * 1_000_000 });
+    }
+    return kv;
   }
 
   async take(holder: HolderInfo): Promise<number | undefined> {
