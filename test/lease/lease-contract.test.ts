@@ -197,3 +197,21 @@ for (const fixture of fixtures) {
     });
   });
 }
+
+test("lease (NATS key-value) — a bucket made on other timings is brought to the configured TTL, and a release after the old TTL still gives the lease back", async () => {
+  const nc: NatsConnection = await connect({ servers: natsUrl });
+  const bucket = `mesh-lease-test-${randomBytes(4).toString("hex")}`;
+  const jsm = await jetstreamManager(nc);
+  try {
+    await NatsKvLease.open(nc, 500, bucket);
+    const lease = await NatsKvLease.open(nc, 30_000, bucket);
+    assert.equal((await jsm.streams.info(`KV_${bucket}`)).config.max_age, 30_000 * 1_000_000);
+    const revision = await lease.take(holder("slow"));
+    assert.ok(revision !== undefined);
+    await sleep(900);
+    assert.equal(await lease.release(revision), true, "the entry outlived the bucket's first TTL");
+  } finally {
+    await jsm.streams.delete(`KV_${bucket}`);
+    await nc.close();
+  }
+});
