@@ -454,10 +454,10 @@ describe("the mesh end to end over RabbitMQ", () => {
       );
       assert.equal((await show(node)).state, "enrolled");
     }
+    // One listing of the broker's users a look (RabbitMQ answers several at once while deleting users with 500s).
+    const tokenAccount = new RegExp(`^${scratch.users.prefix.replace(/[.]/g, "\\.")}\\.token\\.crowd-`);
     await eventually("the spent tokens' accounts to be deleted", async () =>
-      (await Promise.all(names.map((node) => accounts("token", node)))).every((left) => left.length === 0)
-        ? true
-        : undefined,
+      (await scratch.api.users()).some((user) => tokenAccount.test(user)) ? undefined : true,
     );
   });
 
