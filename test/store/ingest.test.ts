@@ -10,7 +10,7 @@ import { createLogger } from "../../src/log.js";
 import { emptyDigest, encodeMessage } from "../../src/link/index.js";
 import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
-import { storeBackends } from "../support/stores.js";
+import { enrolled, storeBackends } from "../support/stores.js";
 
 /** What ingest sends back: receipts only, in these cases; anything else it tried to send fails the test. */
 const receipts: Array<{ node: string; receipt: unknown }> = [];
@@ -48,22 +48,7 @@ for (const backend of storeBackends) {
       await location.cleanup();
     });
 
-    const enrol = async (node: string, at: Date) => {
-      await store.tokens.issue({
-        id: `tok_${Buffer.from(node).toString("hex").padEnd(12, "0").slice(0, 12)}`,
-        node,
-        secretHash: "00",
-        createdAt: at.toISOString(),
-        expiresAt: new Date(at.getTime() + 60_000).toISOString(),
-      });
-      await store.nodes.enrol(node, {
-        signingKey: "s",
-        overlayKey: "o",
-        brokerUser: `U-${node}`,
-        profile: "{}",
-        at: at.toISOString(),
-      });
-    };
+    const enrol = (node: string, at: Date) => enrolled(store, node, at);
     const delivery = (
       kind: "report" | "alive",
       node: string,

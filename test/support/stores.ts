@@ -1,5 +1,6 @@
 /** The store backends every store test runs against: a SQLite file and a fresh PostgreSQL database. */
 import { join } from "node:path";
+import type { Store } from "../../src/store/index.js";
 import { scratchDatabase } from "./postgres.js";
 import { tempDir } from "./tmp.js";
 
@@ -28,3 +29,21 @@ export const storeBackends: readonly StoreBackend[] = [
     },
   },
 ];
+
+/** Invites `node` with a token of its own and enrols it at `at`, as an answered enrolment leaves the store. */
+export async function enrolled(store: Store, node: string, at: Date): Promise<void> {
+  await store.tokens.issue({
+    id: `tok_${Buffer.from(node).toString("hex").padEnd(12, "0").slice(0, 12)}`,
+    node,
+    secretHash: "00",
+    createdAt: at.toISOString(),
+    expiresAt: new Date(at.getTime() + 60_000).toISOString(),
+  });
+  await store.nodes.enrol(node, {
+    signingKey: "s",
+    overlayKey: "o",
+    brokerUser: `U-${node}`,
+    profile: "{}",
+    at: at.toISOString(),
+  });
+}
