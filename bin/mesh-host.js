@@ -1,2 +1,2 @@
 #!/usr/bin/env node
-import "../dist/host/main.js";
+import "../dist/bundle/mesh-host.js";

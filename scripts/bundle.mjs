@@ -1,0 +1,28 @@
+/**
+ * Bundles each command (`mesh`, `mesh-host`) into one file under dist/bundle/, from what tsc emitted. Loading one
+ * file instead of some 700 modules is most of a command's start: `mesh --version` went from about 1.1 s to 0.4 s
+ * here, and every `mesh declare` and every agent start gains the same. The native SQLite driver and the
+ * PostgreSQL driver stay outside the bundle and load from node_modules as before.
+ */
+import { build } from "esbuild";
+
+const root = new URL("../", import.meta.url).pathname;
+const entries = { mesh: "dist/cli/main.js", "mesh-host": "dist/host/main.js" };
+
+for (const [name, entry] of Object.entries(entries)) {
+  await build({
+    absWorkingDir: root,
+    entryPoints: [entry],
+    outfile: `dist/bundle/${name}.js`,
+    bundle: true,
+    platform: "node",
+    format: "esm",
+    target: "node20",
+    external: ["better-sqlite3", "pg"],
+    // The CommonJS modules inside (amqplib, …) call require for Node's own modules; an ES module has none of its own.
+    banner: {
+      js: 'import { createRequire as createRequireOfBundle } from "node:module";\nconst require = createRequireOfBundle(import.meta.url);',
+    },
+    logLevel: "warning",
+  });
+}
