@@ -76,12 +76,7 @@ export function registerDeclareCommand(program: Command): void {
           epoch = own.epoch;
         }
         try {
-          const targets =
-            flags.all === true
-              ? (await store.nodes.list())
-                  .filter((node) => node.state === "enrolled")
-                  .map((node) => node.name)
-              : nodes;
+          const targets = flags.all === true ? await store.nodes.namesIn("enrolled") : nodes;
           if (targets.length === 0)
             throw new MeshError("no_nodes", "no node is enrolled: nothing was declared");
           return await declareMany(

@@ -9,6 +9,7 @@ import { MeshError, UsageError } from "../errors.js";
 import type { SigningIdentity } from "../keys/index.js";
 import { sealDeclaration } from "../keys/index.js";
 import { encodeMessage, itemsDigest } from "../link/index.js";
+import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
 
 const declaredFileSchema = z.strictObject({
@@ -66,10 +67,16 @@ export async function declare(
   return sent;
 }
 
+/** How many declarations are signed, recorded and sent together: the first nodes hear while the rest are signed. */
+export const declarationChunk = 250;
+
 /**
- * Declares the same files to many nodes at once: every node checked first (an unknown or retired one refuses the
- * whole batch, so nothing is half done), sequences allocated and declarations recorded in one transaction each,
- * every envelope signed over its own bytes, and all of them sent with one wait for the broker.
+ * Declares the same files to many nodes at once. Every node is checked first (an unknown or retired one refuses
+ * the whole batch, so nothing is started) and every sequence is allocated in one transaction; then the nodes are
+ * taken a chunk at a time: each envelope signed over its own bytes, the chunk recorded, sent with one wait for the
+ * broker, and its sending put in the audit trail. Recorded before sent, so a node that missed its declaration gets
+ * it again when its alive says it holds an older one. Should a chunk fail, the error says how many nodes the
+ * declaration reached before it.
  */
 export async function declareMany(
   context: DeclareContext,
@@ -79,15 +86,10 @@ export async function declareMany(
 ): Promise<SentDeclaration[]> {
   const { store } = context;
   const names = [...new Set(nodes)];
-  // A few nodes are read one by one; a fleet at once.
-  const records =
-    names.length <= 16
-      ? await Promise.all(names.map((name) => store.nodes.get(name)))
-      : await store.nodes.list();
-  const known = new Map(records.flatMap((record) => (record === undefined ? [] : [[record.name, record]])));
-  const unknown = names.filter((name) => known.get(name) === undefined);
+  const standings = await store.nodes.standings(names);
+  const unknown = names.filter((name) => !standings.has(name));
   if (unknown.length > 0) throw new MeshError("node_unknown", `no node named ${unknown.join(", ")}`);
-  const retired = names.filter((name) => known.get(name)?.state === "retired");
+  const retired = names.filter((name) => standings.get(name)?.state === "retired");
   if (retired.length > 0) {
     throw new MeshError(
       "node_retired",
@@ -104,7 +106,7 @@ export async function declareMany(
   const digest = itemsDigest(items);
   const sequences = await store.nodes.nextDeclarationSequences(names);
   const issuedAt = context.now().toISOString();
-  const composed = names.map((node) => {
+  const compose = (node: string) => {
     const sequence = sequences.get(node);
     if (sequence === undefined) throw new MeshError("internal", `no sequence was allocated for ${node}`);
     // Checked as it is encoded; the signature covers these bytes exactly, and the node verifies them before it
@@ -122,28 +124,43 @@ export async function declareMany(
       sealDeclaration(bytes, context.signing.privateKey, context.signing.fingerprint),
     );
     return { node, sequence, envelope };
-  });
-  await store.declarations.recordMany(
-    composed.map(({ node, sequence, envelope }) => ({
-      node,
-      sequence,
-      epoch,
-      issuedAt,
-      digest,
-      envelope: new TextDecoder().decode(envelope),
-    })),
-  );
-  await context.bus.publishDeclarations(composed.map(({ node, envelope }) => ({ node, envelope })));
-  await store.events.recordMany(
-    composed.map(({ node, sequence }) => ({
-      at: issuedAt,
-      kind: "declaration.sent",
-      node,
-      epoch,
-      detail: { sequence, digest, items: items.length },
-    })),
-  );
-  return composed.map(({ node, sequence }) => ({ node, sequence, epoch, digest }));
+  };
+  const sent: SentDeclaration[] = [];
+  try {
+    for (let start = 0; start < names.length; start += declarationChunk) {
+      const composed = names.slice(start, start + declarationChunk).map(compose);
+      await store.declarations.recordMany(
+        composed.map(({ node, sequence, envelope }) => ({
+          node,
+          sequence,
+          epoch,
+          issuedAt,
+          digest,
+          envelope: new TextDecoder().decode(envelope),
+        })),
+      );
+      await context.bus.publishDeclarations(composed.map(({ node, envelope }) => ({ node, envelope })));
+      await store.events.recordMany(
+        composed.map(({ node, sequence }) => ({
+          at: issuedAt,
+          kind: "declaration.sent",
+          node,
+          epoch,
+          detail: { sequence, digest, items: items.length },
+        })),
+      );
+      for (const { node, sequence } of composed) sent.push({ node, sequence, epoch, digest });
+    }
+  } catch (error) {
+    if (sent.length === 0) throw error;
+    throw new MeshError(
+      "declared_in_part",
+      `the declaration reached ${sent.length} of ${names.length} nodes (${sent[0]?.node ?? ""} to ` +
+        `${sent.at(-1)?.node ?? ""}) and then failed: ${errorText(error)}`,
+      { cause: error },
+    );
+  }
+  return sent;
 }
 
 /** Sends the node its latest declaration again, exactly as it was signed. Returns whether there was one. */

@@ -44,6 +44,17 @@ export class NodeQueries {
     return rows.map(toRecord);
   }
 
+  /** The names of the nodes in one state, in name order (`mesh declare --all` declares to the enrolled ones). */
+  async namesIn(state: NodeState): Promise<string[]> {
+    const rows = await this.db
+      .selectFrom("nodes")
+      .select("name")
+      .where("state", "=", state)
+      .orderBy("name")
+      .execute();
+    return rows.map((row) => row.name);
+  }
+
   async get(name: string): Promise<NodeRecord | undefined> {
     const row = await this.db.selectFrom("nodes").selectAll().where("name", "=", name).executeTakeFirst();
     return row === undefined ? undefined : toRecord(row);

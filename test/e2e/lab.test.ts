@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
+import { declarationChunk } from "../../src/control/declarations.js";
 import { mesh } from "../support/cli.js";
 import type { OperatorBroker } from "../support/operator-broker.js";
 import { startOperatorBroker } from "../support/operator-broker.js";
@@ -130,5 +131,57 @@ describe("mesh lab", () => {
     await everyNodeApplied(nodes);
     assert.equal(await lab.stop("SIGINT"), 0, lab.stderr());
     assert.match(lab.stdout(), /9 applied \(9 hold epoch \d+ sequence 1\)/);
+  });
+  test("lab — `declare --all` to 600 nodes, sent a chunk at a time, reaches each node signed for it", async () => {
+    const count = 600;
+    assert.ok(count > 2 * declarationChunk, "the fleet spans several chunks");
+    const lab = startBin("mesh", [
+      "--data",
+      data,
+      "lab",
+      "--nodes",
+      String(count),
+      "--prefix",
+      "many",
+      "--alive-every",
+      "5s",
+      "--summary-every",
+      "300ms",
+    ]);
+    labs.push(lab);
+    await eventually(
+      "the lab's nodes to join",
+      () => (new RegExp(`joined ${count}/${count}`).test(lab.stdout()) ? true : undefined),
+      240_000,
+    );
+    const file = join(dir.path, "everyone.yaml");
+    writeFileSync(file, "files:\n  - path: /etc/everyone\n    content: all of you\n");
+    const run = await cli(["declare", "--all", "-f", file, "--json"]);
+    assert.equal(run.code, 0, run.stderr);
+    const sent = JSON.parse(run.stdout) as { node: string; sequence: number }[];
+    const listed = JSON.parse((await cli(["node", "list", "--json"])).stdout) as Listed[];
+    const enrolled = listed.filter((node) => node.state === "enrolled").map((node) => node.name);
+    assert.deepEqual(
+      sent.map((one) => one.node).sort(),
+      enrolled.sort(),
+      "one declaration per enrolled node",
+    );
+    const many = sent.filter((one) => one.node.startsWith("many-"));
+    assert.equal(many.length, count);
+    assert.ok(
+      many.every((one) => one.sequence === 1),
+      "each new node's first declaration",
+    );
+    // Every simulated node verified its own envelope, applied it and had its report kept, and none refused one.
+    const everyone = new RegExp(
+      `${count} applied \\(${count} hold epoch \\d+ sequence 1\\), ${count} reporting.*`,
+    );
+    const summary = await eventually(
+      "every lab node to apply and be receipted",
+      () => everyone.exec(lab.stdout())?.[0],
+      120_000,
+    );
+    assert.match(summary, /, 0 refusal\(s\);/);
+    assert.equal(await lab.stop("SIGINT"), 0, lab.stderr());
   });
 });
