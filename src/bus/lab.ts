@@ -6,6 +6,8 @@ import { MeshError } from "../errors.js";
 
 /** One connection shared by a named group of lab nodes. */
 export interface LabConnection {
+  /** How many broker connections the group's nodes share: more than one when its identity was too long for one. */
+  readonly parts: number;
   nodeBus(node: string): NodeBus;
   close(): Promise<void>;
 }

@@ -137,6 +137,13 @@ export class Lab {
         const url = this.brokerUrlOf(group[0]);
         const connection = await openLabConnection(this.settings.dataDir, url, group);
         this.connections.push(connection);
+        if (connection.parts > 1) {
+          this.settings.log.warn("lab.group_split", {
+            nodes: group.length,
+            connections: connection.parts,
+            why: "the group's identity is longer than one CONNECT line holds",
+          });
+        }
         for (const node of group) opens.set(node, () => Promise.resolve(connection.nodeBus(node)));
       }
     }

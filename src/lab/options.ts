@@ -7,7 +7,10 @@ import { nodeNameProblem } from "../link/index.js";
 export const maxLabNodes = 100_000;
 /** Up to this many nodes, each gets its own broker connection unless told otherwise. */
 export const ownConnectionsUpTo = 500;
-/** Lab nodes per shared connection: its identity names each of them, and stays well inside a control line. */
+/**
+ * Lab nodes per shared connection. Its identity names each of them; a group whose identity is longer than a CONNECT
+ * line holds is split over more connections.
+ */
 export const defaultGroupSize = 20;
 
 /** `own`: one connection per node, on its own identity. `shared`: groups of nodes share a `lab` identity. */

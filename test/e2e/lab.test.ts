@@ -132,7 +132,7 @@ describe("mesh lab", () => {
     assert.equal(await lab.stop("SIGINT"), 0, lab.stderr());
     assert.match(lab.stdout(), /9 applied \(9 hold epoch \d+ sequence 1\)/);
   });
-  test("lab — `declare --all` to 600 nodes, sent a chunk at a time, reaches each node signed for it", async () => {
+  test("lab — `declare --all` to 600 nodes in groups of 100, sent a chunk at a time, reaches each node signed for it", async () => {
     const count = 600;
     assert.ok(count > 2 * declarationChunk, "the fleet spans several chunks");
     const lab = startBin("mesh", [
@@ -143,6 +143,9 @@ describe("mesh lab", () => {
       String(count),
       "--prefix",
       "many",
+      // 100 names make an identity longer than a CONNECT line holds: each group is split over several connections.
+      "--group-size",
+      "100",
       "--alive-every",
       "5s",
       "--summary-every",
@@ -154,6 +157,8 @@ describe("mesh lab", () => {
       () => (new RegExp(`joined ${count}/${count}`).test(lab.stdout()) ? true : undefined),
       240_000,
     );
+    assert.match(lab.stdout(), /600 nodes sharing 6 broker connection\(s\), 100 nodes each/);
+    assert.match(lab.stderr(), /"event":"lab\.group_split","nodes":100,"connections":4/);
     const file = join(dir.path, "everyone.yaml");
     writeFileSync(file, "files:\n  - path: /etc/everyone\n    content: all of you\n");
     const run = await cli(["declare", "--all", "-f", file, "--json"]);

@@ -10,40 +10,75 @@ import type { NodeBus, NodeDelivery } from "../bus.js";
 import { loadOrCreateAuthority, newUserKey, userJwt } from "./authority.js";
 import { asBusError, connectNats } from "./connect.js";
 
-/** One connection shared by a group of lab nodes, each with its own NodeBus over it. */
+/**
+ * nats-server's default `max_control_line`. The CONNECT line carries the identity's JWT, which names every node of the
+ * group; a longer line is refused, and the client would only try again and again.
+ */
+export const maxControlLine = 4096;
+/** What the CONNECT line holds besides the JWT: the signed nonce, the connection's name, the client's options. */
+const connectLineRest = 640;
+
+/**
+ * The connections shared by a group of lab nodes, each with its own NodeBus over them. A group whose identity would
+ * not fit a CONNECT line is split in halves until each part's does, so any group size works with any node names.
+ */
 export class NatsLabConnection {
   private constructor(
-    private readonly nc: NatsConnection,
+    private readonly connections: ReadonlyMap<string, NatsConnection>,
     readonly nodes: readonly string[],
   ) {}
 
-  /** Mints the group's identity with the mesh's account key (kept in `authorityDir`, the control plane's). */
+  /** Mints each part's identity with the mesh's account key (kept in `authorityDir`, the control plane's). */
   static async open(authorityDir: string, url: string, nodes: readonly string[]): Promise<NatsLabConnection> {
     const authority = loadOrCreateAuthority(authorityDir);
-    const key = newUserKey();
-    const jwt = await userJwt(authority, {
-      name: `lab ${nodes[0] ?? ""} to ${nodes.at(-1) ?? ""}`,
-      userPublicKey: key.publicKey,
-      role: "lab",
-      node: nodes,
-    });
-    const nc = await connectNats({
-      url,
-      identity: { jwt, seed: key.seed },
-      name: `mesh lab ${nodes.length} nodes`,
-      reconnect: true,
-    });
-    return new NatsLabConnection(nc, nodes);
+    const connections = new Map<string, NatsConnection>();
+    const opened: NatsConnection[] = [];
+    const openPart = async (part: readonly string[]): Promise<void> => {
+      const key = newUserKey();
+      const jwt = await userJwt(authority, {
+        name: `lab ${part[0] ?? ""} to ${part.at(-1) ?? ""}`,
+        userPublicKey: key.publicKey,
+        role: "lab",
+        node: part,
+      });
+      if (jwt.length + connectLineRest > maxControlLine && part.length > 1) {
+        const half = Math.ceil(part.length / 2);
+        await openPart(part.slice(0, half));
+        await openPart(part.slice(half));
+        return;
+      }
+      const nc = await connectNats({
+        url,
+        identity: { jwt, seed: key.seed },
+        name: `mesh lab ${part.length} nodes`,
+        reconnect: true,
+      });
+      opened.push(nc);
+      for (const node of part) connections.set(node, nc);
+    };
+    try {
+      await openPart(nodes);
+    } catch (error) {
+      await Promise.all(opened.map((nc) => nc.close()));
+      throw error;
+    }
+    return new NatsLabConnection(connections, nodes);
   }
 
-  /** The node's side of the broker over the shared connection. */
+  /** How many connections the group's nodes share. */
+  get parts(): number {
+    return new Set(this.connections.values()).size;
+  }
+
+  /** The node's side of the broker over the connection its part shares. */
   nodeBus(node: string): NodeBus {
-    if (!this.nodes.includes(node)) throw new Error(`node ${node} is not in this lab connection's group`);
-    return new SharedNodeBus(this.nc, node);
+    const nc = this.connections.get(node);
+    if (nc === undefined) throw new Error(`node ${node} is not in this lab connection's group`);
+    return new SharedNodeBus(nc, node);
   }
 
   async close(): Promise<void> {
-    if (!this.nc.isClosed()) await this.nc.close();
+    for (const nc of new Set(this.connections.values())) if (!nc.isClosed()) await nc.close();
   }
 }
 
