@@ -14,6 +14,8 @@ export interface BenchOptions {
   aliveEveryMs: number;
   /** Reports per node in the ingest backlog (beside one alive per node). */
   reportsPerNode: number;
+  /** How many times the fleet is declared to, in the fan-out and convergence parts. */
+  rounds: number;
   /** How many join at once in the enrolment part (default: all of them). */
   joinConcurrency: number;
   failover: { trials: number; ttl: string; renew: string; margin: string; shortened: boolean };
@@ -38,6 +40,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
         "alive-every": { type: "string", default: "15" },
         "reports-per-node": { type: "string", default: "19" },
         "join-concurrency": { type: "string" },
+        rounds: { type: "string", default: "3" },
         trials: { type: "string" },
         ttl: { type: "string" },
         renew: { type: "string" },
@@ -77,6 +80,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     steadyMs: whole(values["steady-window"], "--steady-window (seconds)", 1, 3600) * 1000,
     aliveEveryMs: whole(values["alive-every"], "--alive-every (seconds)", 1, 3600) * 1000,
     reportsPerNode: whole(values["reports-per-node"], "--reports-per-node", 1, 1000),
+    rounds: whole(values.rounds, "--rounds", 1, 100),
     // Pure-JS nkey signing makes a thousand simultaneous connects outlast the server's authentication timeout.
     joinConcurrency: whole(
       values["join-concurrency"] ?? String(Math.min(nodes, 20)),

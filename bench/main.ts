@@ -240,11 +240,39 @@ async function benchMesh(): Promise<void> {
       await waitFor(() => converged.has(first), 60_000);
       converged.delete(first);
       appliedNodes.delete(first);
-      startedAt = performance.now();
-      await runMesh(data, ["declare", "--all", "-f", declarationFile, "--json"], profileDir);
-      const fanoutMs = performance.now() - startedAt;
-      await waitFor(() => converged.size >= lab.status().running, 300_000);
-      const convergedMs = [...converged.values()].map((t) => t - startedAt);
+      // The fleet is declared to several times (the machine is shared and noisy), each time something new; the
+      // round with the median slowest node is the one shown, and the worst round is shown beside it.
+      const rounds: { fanoutMs: number; converged: NonNullable<ReturnType<typeof spread>> }[] = [];
+      for (let round = 1; round <= options.rounds; round++) {
+        writeFileSync(
+          declarationFile,
+          JSON.stringify({
+            files: [{ path: "/etc/bench", content: `declared by the benchmark, round ${round}\n` }],
+          }),
+        );
+        converged.clear();
+        appliedNodes.clear();
+        startedAt = performance.now();
+        await runMesh(
+          data,
+          ["declare", "--all", "-f", declarationFile, "--json"],
+          round === 1 ? profileDir : undefined,
+        );
+        const fanoutMs = performance.now() - startedAt;
+        await waitFor(() => converged.size >= lab.status().running, 300_000);
+        const c = spread([...converged.values()].map((t) => t - startedAt));
+        if (c === undefined) throw new Error(`round ${round}: no node converged`);
+        say(
+          `round ${round}: \`mesh declare --all\` ${fanoutMs.toFixed(0)} ms, slowest node ${c.max.toFixed(0)} ms`,
+        );
+        rounds.push({ fanoutMs, converged: c });
+      }
+      const byMax = [...rounds].sort((x, y) => x.converged.max - y.converged.max);
+      const median = byMax[Math.floor((byMax.length - 1) / 2)] ?? byMax[0];
+      const worst = byMax.at(-1);
+      if (median === undefined || worst === undefined) throw new Error("no round was run");
+      const fanoutMs = median.fanoutMs;
+      extra.rounds = rounds.map((r) => ({ fanout_ms: r.fanoutMs, convergence_ms: r.converged }));
       for (const node of nodes) {
         const latest = await store.declarations.latest(node);
         if (latest !== undefined) sent.set(node, latest);
@@ -279,35 +307,41 @@ async function benchMesh(): Promise<void> {
           extra.fanout = { all_ms: fanoutMs, one_ms: oneMs, raw_publish_ms: rawMs };
         }
         if (has("convergence")) {
-          const c = spread(convergedMs);
-          if (c !== undefined) {
-            const note = `${c.count}/${lab.status().running} nodes`;
-            figures.push(
-              {
-                part: "convergence",
-                what: "declare → applied and kept, p50",
-                value: c.p50,
-                unit: "ms",
-                baseline: { value: fanoutMs, what: "`mesh declare --all` exits" },
-                note,
-              },
-              {
-                part: "convergence",
-                what: "declare → applied and kept, p99",
-                value: c.p99,
-                unit: "ms",
-                baseline: { value: fanoutMs, what: "`mesh declare --all` exits" },
-              },
-              {
-                part: "convergence",
-                what: "declare → applied and kept, max",
-                value: c.max,
-                unit: "ms",
-                baseline: { value: fanoutMs, what: "`mesh declare --all` exits" },
-                target: N >= 10_000 ? "≤ 5 s" : "",
-              },
-            );
-          }
+          const c = median.converged;
+          const note = `${c.count}/${lab.status().running} nodes; the median of ${rounds.length} round(s)`;
+          figures.push(
+            {
+              part: "convergence",
+              what: "declare → applied and kept, p50",
+              value: c.p50,
+              unit: "ms",
+              baseline: { value: fanoutMs, what: "`mesh declare --all` exits" },
+              note,
+            },
+            {
+              part: "convergence",
+              what: "declare → applied and kept, p99",
+              value: c.p99,
+              unit: "ms",
+              baseline: { value: fanoutMs, what: "`mesh declare --all` exits" },
+            },
+            {
+              part: "convergence",
+              what: "declare → applied and kept, max",
+              value: c.max,
+              unit: "ms",
+              baseline: { value: fanoutMs, what: "`mesh declare --all` exits" },
+              target: N >= 10_000 ? "≤ 5 s" : "",
+            },
+            {
+              part: "convergence",
+              what: `declare → applied and kept, max, worst of ${rounds.length} round(s)`,
+              value: worst.converged.max,
+              unit: "ms",
+              baseline: { value: worst.fanoutMs, what: "`mesh declare --all` exits" },
+              target: N >= 10_000 ? "≤ 5 s" : "",
+            },
+          );
         }
       }
     }

@@ -11,6 +11,7 @@ describe("bench arguments and table", () => {
     assert.equal(options.failover.shortened, true);
     assert.equal(options.failover.trials, 3);
     assert.equal(options.joinConcurrency, 20);
+    assert.equal(options.rounds, 3);
   });
 
   test("bench args — --only keeps the table's order; failover alone runs its full trials", () => {
@@ -20,6 +21,7 @@ describe("bench arguments and table", () => {
     assert.deepEqual([alone.failover.trials, alone.failover.ttl], [10, "15s"]);
     assert.equal(parseBenchArgs(["--trials", "5"]).failover.trials, 5);
     assert.equal(parseBenchArgs(["--nodes", "10000"]).nodes, 10000);
+    assert.equal(parseBenchArgs(["--rounds", "5"]).rounds, 5);
   });
 
   test("bench args — bad values are refused with the flag's name", () => {
@@ -27,6 +29,7 @@ describe("bench arguments and table", () => {
     assert.throws(() => parseBenchArgs(["--nodes", "0"]), /--nodes: "0"/);
     assert.throws(() => parseBenchArgs(["--nodes", "ten"]), /--nodes: "ten"/);
     assert.throws(() => parseBenchArgs(["--bogus"]), BenchUsageError);
+    assert.throws(() => parseBenchArgs(["--rounds", "0"]), /--rounds: "0"/);
   });
 
   test("bench table — each figure beside its baseline with their ratio", () => {
