@@ -79,8 +79,17 @@ export function registerDeclareCommand(program: Command): void {
           const targets = flags.all === true ? await store.nodes.namesIn("enrolled") : nodes;
           if (targets.length === 0)
             throw new MeshError("no_nodes", "no node is enrolled: nothing was declared");
+          const holder = own;
+          // Before each chunk: its own lease still renewed, or the holder's lease still at the epoch taken above.
+          const gate =
+            holder !== undefined
+              ? () => holder.canAct()
+              : async () => {
+                  const now = await backend.read();
+                  return now !== undefined && epochOf(now) === epoch;
+                };
           return await declareMany(
-            { store, signing, bus: side.bus, now: () => new Date() },
+            { store, signing, bus: side.bus, now: () => new Date(), gate },
             targets,
             files,
             epoch,

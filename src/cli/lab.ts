@@ -109,6 +109,14 @@ export function registerLabCommand(program: Command): void {
       if (ok.length === 0) throw new MeshError("lab_failed", "no lab node could join");
 
       await lab.start();
+      if (labOptions.connections === "shared") {
+        const connections = lab.sharedConnections();
+        say(`lab: ${ok.length} nodes running on ${connections} broker connection(s)`, {
+          event: "lab.connections",
+          nodes: ok.length,
+          connections,
+        });
+      }
       const summary = (status: LabStatus) => say(summaryLine(status), { event: "lab.summary", ...status });
       summary(lab.status());
       let last = "";

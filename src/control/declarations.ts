@@ -47,6 +47,11 @@ export interface DeclareContext {
   signing: SigningIdentity;
   bus: ControlBus;
   now: () => Date;
+  /**
+   * Asked before each chunk: whether the epoch declared under still holds (the lease's gate). A fleet takes many
+   * chunks, and nothing is sent under an epoch that has moved on.
+   */
+  gate?: () => boolean | Promise<boolean>;
 }
 
 export interface SentDeclaration {
@@ -126,8 +131,16 @@ export async function declareMany(
     return { node, sequence, envelope };
   };
   const sent: SentDeclaration[] = [];
+  /** The chunk recorded but not yet sent: its nodes get it when their alives say they hold an older one. */
+  let recorded: string[] = [];
   try {
     for (let start = 0; start < names.length; start += declarationChunk) {
+      if (context.gate !== undefined && !(await context.gate())) {
+        throw new MeshError(
+          "lease_moved",
+          `the lease no longer stands at epoch ${epoch} (it moved on, or this command's own lapsed)`,
+        );
+      }
       const composed = names.slice(start, start + declarationChunk).map(compose);
       await store.declarations.recordMany(
         composed.map(({ node, sequence, envelope }) => ({
@@ -139,7 +152,10 @@ export async function declareMany(
           envelope: new TextDecoder().decode(envelope),
         })),
       );
+      recorded = composed.map(({ node }) => node);
       await context.bus.publishDeclarations(composed.map(({ node, envelope }) => ({ node, envelope })));
+      recorded = [];
+      for (const { node, sequence } of composed) sent.push({ node, sequence, epoch, digest });
       await store.events.recordMany(
         composed.map(({ node, sequence }) => ({
           at: issuedAt,
@@ -149,18 +165,32 @@ export async function declareMany(
           detail: { sequence, digest, items: items.length },
         })),
       );
-      for (const { node, sequence } of composed) sent.push({ node, sequence, epoch, digest });
     }
   } catch (error) {
-    if (sent.length === 0) throw error;
-    throw new MeshError(
-      "declared_in_part",
-      `the declaration reached ${sent.length} of ${names.length} nodes (${sent[0]?.node ?? ""} to ` +
-        `${sent.at(-1)?.node ?? ""}) and then failed: ${errorText(error)}`,
-      { cause: error },
-    );
+    if (sent.length === 0 && recorded.length === 0) throw error;
+    throw new MeshError("declared_in_part", partly(names.length, sent, recorded, error), { cause: error });
   }
   return sent;
+}
+
+/** What a declaration that failed part-way did: sent, recorded only, and not begun, with the failure. */
+function partly(
+  total: number,
+  sent: readonly SentDeclaration[],
+  recorded: readonly string[],
+  error: unknown,
+): string {
+  const range = (nodes: readonly string[]) => `${nodes[0] ?? ""} to ${nodes.at(-1) ?? ""}`;
+  const parts = [`the declaration was sent to ${sent.length} of ${total} nodes`];
+  if (sent.length > 0) parts[0] += ` (${range(sent.map((one) => one.node))})`;
+  if (recorded.length > 0) {
+    parts.push(
+      `${recorded.length} more (${range(recorded)}) are recorded and are sent when their alives say they hold an older one`,
+    );
+  }
+  const notBegun = total - sent.length - recorded.length;
+  if (notBegun > 0) parts.push(`${notBegun} were not declared`);
+  return `${parts.join("; ")}; then it failed: ${errorText(error)}`;
 }
 
 /** Sends the node its latest declaration again, exactly as it was signed. Returns whether there was one. */

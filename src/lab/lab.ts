@@ -181,6 +181,11 @@ export class Lab {
     await Promise.all(started);
   }
 
+  /** How many broker connections the running nodes share (shared mode), once started. */
+  sharedConnections(): number {
+    return this.connections.reduce((sum, connection) => sum + connection.parts, 0);
+  }
+
   /** Where a joined node's identity says its broker is. */
   private brokerUrlOf(node: string | undefined): string {
     if (node === undefined) throw new Error("no joined node to take the broker's address from");

@@ -1,12 +1,13 @@
 /**
- * `declareMany` sends a chunk at a time. When the broker goes away part-way, the error says how far the declaration
- * got, and the store says the same: the chunks sent are in the audit trail, and nothing after the failed chunk was
- * recorded at all.
+ * `declareMany` sends a chunk at a time. When the broker goes away part-way, or the lease moves on, the error says
+ * how far the declaration got, and the store says the same: the chunks sent are in the audit trail, the chunk being
+ * sent is recorded (its nodes get it when they next say they are behind), and nothing after it was recorded.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import type { ControlBus, ControlSide } from "../../src/bus/index.js";
+import type { ControlBus } from "../../src/bus/index.js";
+import type { DeclareContext } from "../../src/control/declarations.js";
 import { declarationChunk, declareMany } from "../../src/control/declarations.js";
 import { MeshError } from "../../src/errors.js";
 import { loadOrCreateSigningKey } from "../../src/keys/index.js";
@@ -17,30 +18,48 @@ import { tempDir } from "../support/tmp.js";
 import type { Transport } from "../support/transports.js";
 import { natsTransport } from "../support/transports.js";
 
-describe("declare — a broker lost part-way through a fleet", () => {
+describe("declare — a fleet's declaration stopped part-way", () => {
   const dir = tempDir("mesh-declare-part-");
   let transport: Transport;
-  let store: Store;
-  let side: ControlSide;
   const nodes = Array.from(
     { length: 2 * declarationChunk + 100 },
     (_, i) => `n-${String(i).padStart(4, "0")}`,
   );
+  const files = [{ path: "/etc/fleet", content: "everyone\n" }];
+  const signing = () => loadOrCreateSigningKey(join(dir.path, "keys"));
 
   before(async () => {
     transport = await natsTransport();
-    store = await openStore(`sqlite:${join(dir.path, "mesh.db")}`, { historyLimit: 50 });
-    for (const node of nodes) await enrolled(store, node, new Date());
-    side = await transport.openControl();
   });
   after(async () => {
-    await side.close();
-    await store.close();
     await transport.stop();
     dir.remove();
   });
 
-  test("declare — the connection closed after the first chunk: the error and the audit trail say 250 reached", async () => {
+  /** A fresh store with the whole fleet enrolled. */
+  async function fleet(name: string): Promise<Store> {
+    const store = await openStore(`sqlite:${join(dir.path, `${name}.db`)}`, { historyLimit: 50 });
+    for (const node of nodes) await enrolled(store, node, new Date());
+    return store;
+  }
+
+  async function failureOf(context: DeclareContext): Promise<MeshError> {
+    const failure = await declareMany(context, nodes, files, 1).then(
+      () => undefined,
+      (error: unknown) => error,
+    );
+    assert.ok(failure instanceof MeshError, `declaring failed with a MeshError, not ${String(failure)}`);
+    return failure;
+  }
+
+  async function sentEvents(store: Store): Promise<string[]> {
+    const events = await store.events.list({ limit: 10_000 });
+    return events.filter((event) => event.kind === "declaration.sent").map((event) => event.node ?? "");
+  }
+
+  test("declare — the connection closed before the second chunk: 250 sent, 250 recorded to catch up, 100 not begun", async () => {
+    const store = await fleet("broker-lost");
+    const side = await transport.openControl();
     let sends = 0;
     // The real control bus, whose connection is closed just before the second chunk is sent.
     const bus = new Proxy(side.bus, {
@@ -52,31 +71,53 @@ describe("declare — a broker lost part-way through a fleet", () => {
         };
       },
     });
-    const signing = loadOrCreateSigningKey(join(dir.path, "keys"));
-    const files = [{ path: "/etc/fleet", content: "everyone\n" }];
-    const failure = await declareMany({ store, signing, bus, now: () => new Date() }, nodes, files, 1).then(
-      () => undefined,
-      (error: unknown) => error,
-    );
-    assert.ok(failure instanceof MeshError, `declaring failed with a MeshError, not ${String(failure)}`);
-    assert.equal(failure.code, "declared_in_part");
-    assert.match(
-      failure.message,
-      new RegExp(
-        `reached ${declarationChunk} of ${nodes.length} nodes \\(n-0000 to n-0249\\) and then failed`,
-      ),
-    );
-    const sent = (await store.events.list({ limit: 10_000 })).filter((e) => e.kind === "declaration.sent");
-    assert.deepEqual(
-      sent.map((event) => event.node).sort(),
-      nodes.slice(0, declarationChunk),
-      "the audit trail holds the first chunk's sending, and no other",
-    );
-    assert.equal((await store.declarations.latest(nodes[0] ?? ""))?.sequence, 1);
-    assert.equal(
-      await store.declarations.latest(nodes.at(-1) ?? ""),
-      undefined,
-      "the last chunk was not begun",
-    );
+    try {
+      const failure = await failureOf({ store, signing: signing(), bus, now: () => new Date() });
+      assert.equal(failure.code, "declared_in_part");
+      assert.match(
+        failure.message,
+        /^the declaration was sent to 250 of 600 nodes \(n-0000 to n-0249\); 250 more \(n-0250 to n-0499\) are recorded and are sent when their alives say they hold an older one; 100 were not declared; then it failed: /,
+      );
+      assert.deepEqual(
+        (await sentEvents(store)).sort(),
+        nodes.slice(0, declarationChunk),
+        "the audit trail holds the first chunk's sending, and no other",
+      );
+      assert.equal((await store.declarations.latest("n-0000"))?.sequence, 1);
+      assert.equal(
+        (await store.declarations.latest("n-0250"))?.sequence,
+        1,
+        "the chunk being sent is recorded",
+      );
+      assert.equal(await store.declarations.latest("n-0599"), undefined, "the last chunk was not begun");
+    } finally {
+      await store.close();
+    }
+  });
+
+  test("declare — the lease moves on after the first chunk: nothing more is recorded or sent under the old epoch", async () => {
+    const store = await fleet("lease-moved");
+    const side = await transport.openControl();
+    let asked = 0;
+    try {
+      const failure = await failureOf({
+        store,
+        signing: signing(),
+        bus: side.bus,
+        now: () => new Date(),
+        gate: () => ++asked === 1,
+      });
+      assert.equal(failure.code, "declared_in_part");
+      assert.match(
+        failure.message,
+        /^the declaration was sent to 250 of 600 nodes \(n-0000 to n-0249\); 350 were not declared; then it failed: the lease no longer stands at epoch 1/,
+      );
+      assert.equal(asked, 2, "the gate is asked before each chunk");
+      assert.equal((await sentEvents(store)).length, declarationChunk);
+      assert.equal(await store.declarations.latest("n-0250"), undefined);
+    } finally {
+      await side.close();
+      await store.close();
+    }
   });
 });

@@ -152,13 +152,16 @@ describe("mesh lab", () => {
       "300ms",
     ]);
     labs.push(lab);
-    await eventually(
-      "the lab's nodes to join",
-      () => (new RegExp(`joined ${count}/${count}`).test(lab.stdout()) ? true : undefined),
+    const running = await eventually(
+      "the lab's nodes to join and run",
+      () => /lab: (\d+) nodes running on (\d+) broker connection\(s\)/.exec(lab.stdout()) ?? undefined,
       240_000,
     );
+    assert.match(lab.stdout(), /joined 600\/600/);
     assert.match(lab.stdout(), /600 nodes sharing 6 broker connection\(s\), 100 nodes each/);
-    assert.match(lab.stderr(), /"event":"lab\.group_split","nodes":100,"connections":4/);
+    // Each group of 100 was split in four: 24 connections, each identity inside a CONNECT line.
+    assert.deepEqual(running.slice(1), ["600", "24"]);
+    assert.equal(lab.stderr().match(/"event":"lab\.group_split","nodes":100,"connections":4/g)?.length, 6);
     const file = join(dir.path, "everyone.yaml");
     writeFileSync(file, "files:\n  - path: /etc/everyone\n    content: all of you\n");
     const run = await cli(["declare", "--all", "-f", file, "--json"]);

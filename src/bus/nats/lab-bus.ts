@@ -8,6 +8,7 @@ import { headers } from "@nats-io/transport-node";
 import { controlSubject, declarationSubject, nodeSubjects, receiptSubject } from "../../link/index.js";
 import type { NodeBus, NodeDelivery } from "../bus.js";
 import { loadOrCreateAuthority, newUserKey, userJwt } from "./authority.js";
+import { MeshError } from "../../errors.js";
 import { asBusError, connectNats } from "./connect.js";
 
 /**
@@ -24,7 +25,10 @@ const connectLineRest = 640;
  */
 export class NatsLabConnection {
   private constructor(
+    /** Each node's connection. */
     private readonly connections: ReadonlyMap<string, NatsConnection>,
+    /** Every connection opened, once each. */
+    private readonly opened: readonly NatsConnection[],
     readonly nodes: readonly string[],
   ) {}
 
@@ -41,7 +45,13 @@ export class NatsLabConnection {
         role: "lab",
         node: part,
       });
-      if (jwt.length + connectLineRest > maxControlLine && part.length > 1) {
+      if (jwt.length + connectLineRest > maxControlLine) {
+        if (part.length === 1) {
+          throw new MeshError(
+            "lab_identity_too_long",
+            `the lab identity of node ${part[0] ?? ""} alone is ${jwt.length} bytes, more than a CONNECT line holds (${maxControlLine})`,
+          );
+        }
         const half = Math.ceil(part.length / 2);
         await openPart(part.slice(0, half));
         await openPart(part.slice(half));
@@ -59,15 +69,16 @@ export class NatsLabConnection {
     try {
       await openPart(nodes);
     } catch (error) {
-      await Promise.all(opened.map((nc) => nc.close()));
+      // The failure that stopped the opening is the one to tell, whatever closing the others says.
+      await Promise.allSettled(opened.map((nc) => nc.close()));
       throw error;
     }
-    return new NatsLabConnection(connections, nodes);
+    return new NatsLabConnection(connections, opened, nodes);
   }
 
   /** How many connections the group's nodes share. */
   get parts(): number {
-    return new Set(this.connections.values()).size;
+    return this.opened.length;
   }
 
   /** The node's side of the broker over the connection its part shares. */
@@ -77,8 +88,13 @@ export class NatsLabConnection {
     return new SharedNodeBus(nc, node);
   }
 
+  /** Closes every connection, each whatever became of the others; the first failure is then thrown. */
   async close(): Promise<void> {
-    for (const nc of new Set(this.connections.values())) if (!nc.isClosed()) await nc.close();
+    const results = await Promise.allSettled(
+      this.opened.filter((nc) => !nc.isClosed()).map((nc) => nc.close()),
+    );
+    const failed = results.find((result) => result.status === "rejected");
+    if (failed !== undefined) throw asBusError(failed.reason, "the broker");
   }
 }
 
