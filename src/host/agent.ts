@@ -48,6 +48,8 @@ export interface AgentSettings {
   openBus?: OpenNodeBus;
   /** Told what the agent did, as it does it (the lab and the benchmarks time convergence by it). */
   onEvent?: (event: AgentEvent) => void;
+  /** A monotonic clock in milliseconds (default: performance.now; tests may drive it). */
+  clock?: () => number;
 }
 
 /** A declaration applied, or the control plane's receipt for the report that was pending. */
@@ -76,6 +78,9 @@ export class Agent {
   private stopping = false;
   /** The control plane's signing key, pinned at enrolment: every declaration is checked against it. */
   private readonly pinnedKey: KeyObject;
+  /** When the broker last took the pending report (by the clock); undefined until it has, in this run. */
+  private reportSentAt: number | undefined;
+  private readonly clock: () => number;
 
   constructor(private readonly settings: AgentSettings) {
     this.state = new HostState(settings.stateDir, settings.storage);
@@ -88,6 +93,7 @@ export class Agent {
     }
     this.identity = identity;
     this.pinnedKey = decodeSigningPublicKey(identity.signing_key);
+    this.clock = settings.clock ?? (() => performance.now());
     this.applier =
       settings.applier ?? new FileApplier(settings.root, join(settings.stateDir, "file-applier.json"));
   }
@@ -150,10 +156,15 @@ export class Agent {
     return this.queue;
   }
 
-  /** Every interval: the pending report again (until its receipt comes), then an alive. */
+  /**
+   * Every interval: the pending report again once it has waited a whole interval for its receipt (and at once after
+   * a start, when nobody knows whether the broker took it), then an alive. A report sent just before the alive is
+   * not sent twice.
+   */
   private async tick(): Promise<void> {
     const pending = this.state.loadSecret(pendingReportFile);
-    if (pending !== undefined) await this.send(pending);
+    const waited = this.reportSentAt === undefined ? Infinity : this.clock() - this.reportSentAt;
+    if (pending !== undefined && waited >= this.settings.aliveEveryMs) await this.send(pending);
     await this.sayAlive();
   }
 
@@ -304,17 +315,21 @@ export class Agent {
 
   /**
    * Sends a report towards the control plane. It stays pending on disk until the control plane's receipt arrives,
-   * and is sent again every interval until then (the broker drops a repeat by its id).
+   * and is sent again at each alive that finds it waited an interval since (the broker drops a repeat by its id).
    */
   private async send(text: string): Promise<void> {
     if (this.stopping) return;
     const { report_sequence: sequence } = JSON.parse(text) as { report_sequence?: number };
     const id = `${this.node}:${sequence ?? "unordered"}`;
     this.counters.reports++;
-    await this.bus
-      ?.publishReport(new TextEncoder().encode(text), id)
-      .catch((error: unknown) =>
-        this.settings.log.warn("agent.report_not_sent", { report: id, error: errorText(error) }),
-      );
+    const sentAt = this.clock();
+    await this.bus?.publishReport(new TextEncoder().encode(text), id).then(
+      () => (this.reportSentAt = sentAt),
+      (error: unknown) => {
+        // Not taken: the next alive sends it again.
+        this.reportSentAt = undefined;
+        this.settings.log.warn("agent.report_not_sent", { report: id, error: errorText(error) });
+      },
+    );
   }
 }
