@@ -152,6 +152,12 @@ for (const backend of storeBackends) {
       assert.equal(db1?.signingKey, "sig");
       assert.equal(db1?.lastSeen, at(30));
       assert.equal((await store.nodes.get("db-2"))?.lastSeen, at(31));
+      // `declare --all` reads the enrolled names alone, in name order (other tests' nodes share this store).
+      const enrolledNames = await store.nodes.namesIn("enrolled");
+      const invitedNames = await store.nodes.namesIn("invited");
+      assert.ok(enrolledNames.includes("db-1") && !enrolledNames.includes("db-2"), enrolledNames.join(", "));
+      assert.ok(invitedNames.includes("db-2") && !invitedNames.includes("db-1"), invitedNames.join(", "));
+      assert.deepEqual(enrolledNames, [...enrolledNames].sort());
       await assert.rejects(
         store.nodes.enrol("nobody", {
           signingKey: "s",

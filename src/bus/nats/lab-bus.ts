@@ -7,8 +7,8 @@ import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { headers } from "@nats-io/transport-node";
 import { controlSubject, declarationSubject, nodeSubjects, receiptSubject } from "../../link/index.js";
 import type { NodeBus, NodeDelivery } from "../bus.js";
-import { loadOrCreateAuthority, newUserKey, userJwt } from "./authority.js";
 import { MeshError } from "../../errors.js";
+import { loadOrCreateAuthority, newUserKey, userJwt } from "./authority.js";
 import { asBusError, connectNats } from "./connect.js";
 
 /**
@@ -29,7 +29,6 @@ export class NatsLabConnection {
     private readonly connections: ReadonlyMap<string, NatsConnection>,
     /** Every connection opened, once each. */
     private readonly opened: readonly NatsConnection[],
-    readonly nodes: readonly string[],
   ) {}
 
   /** Mints each part's identity with the mesh's account key (kept in `authorityDir`, the control plane's). */
@@ -73,7 +72,7 @@ export class NatsLabConnection {
       await Promise.allSettled(opened.map((nc) => nc.close()));
       throw error;
     }
-    return new NatsLabConnection(connections, opened, nodes);
+    return new NatsLabConnection(connections, opened);
   }
 
   /** How many connections the group's nodes share. */
