@@ -30,6 +30,8 @@ export class LeaseHolder {
   private revision = 0;
   private renewedAt = Number.NEGATIVE_INFINITY;
   private timer: NodeJS.Timeout | undefined;
+  /** The renewal in flight, if any: one at a time, and a release waits for it. */
+  private renewing: Promise<void> | undefined;
   private readonly clock: () => number;
   private signalLoss: (reason: string) => void = () => undefined;
   /** Settles with the reason when the lease is lost (a refused renewal). */
@@ -69,8 +71,16 @@ export class LeaseHolder {
     return this.epoch !== undefined && gateOpen(this.renewedAt, this.clock(), this.options.timings);
   }
 
-  /** Renews once; exposed so a caller (and a test) can renew at a moment of its choosing. */
-  async renew(): Promise<void> {
+  /**
+   * Renews once; exposed so a caller (and a test) can renew at a moment of its choosing. A renewal asked for while
+   * one is in flight joins it: a second compare-and-set on the same revision would be refused, and read as a loss.
+   */
+  renew(): Promise<void> {
+    this.renewing ??= this.renewOnce().finally(() => (this.renewing = undefined));
+    return this.renewing;
+  }
+
+  private async renewOnce(): Promise<void> {
     if (this.epoch === undefined) return;
     // The renewal counts from before it was sent: the lease's new life started no earlier than that.
     const startedAt = this.clock();
@@ -96,9 +106,13 @@ export class LeaseHolder {
     }
   }
 
-  /** Stops renewing and gives the lease back if it is still ours. */
+  /**
+   * Stops renewing and gives the lease back if it is still ours. A renewal in flight is waited for first: its write
+   * moves the revision, and a release on the revision before it would be refused and leave the lease to age out.
+   */
   async release(): Promise<void> {
     this.stopRenewing();
+    await this.renewing;
     if (this.epoch === undefined) return;
     const given = await this.options.backend.release(this.revision);
     this.options.log.info("lease.released", { epoch: this.epoch, given_back: given });

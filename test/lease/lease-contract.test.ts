@@ -25,6 +25,12 @@ const holder = (id: string): HolderInfo => ({
   taken_at: new Date().toISOString(),
 });
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+async function eventuallyTrue(check: () => boolean): Promise<void> {
+  for (let waited = 0; !check(); waited += 10) {
+    if (waited > 5000) throw new Error("timed out");
+    await sleep(10);
+  }
+}
 
 interface Fixture {
   name: string;
@@ -194,6 +200,45 @@ for (const fixture of fixtures) {
       assert.ok(lines.some((line) => line.includes('"event":"lease.lost"')));
       const current = await b.read();
       assert.ok(current !== undefined && (await b.release(current.revision)));
+    });
+
+    test("lease — renewals run one at a time, and a release waits for the one in flight, so the lease is given back", async () => {
+      const lease = await f.backend();
+      // The store takes each renewal at once; its answer is held back until the test lets it through.
+      const held: (() => void)[] = [];
+      const letThrough = () => held.splice(0).forEach((answer) => answer());
+      let renewalsWritten = 0;
+      const slowAnswers: LeaseBackend = Object.assign(Object.create(lease) as LeaseBackend, {
+        async renew(info: HolderInfo, revision: number) {
+          const written = await lease.renew(info, revision);
+          renewalsWritten += 1;
+          await new Promise<void>((resolve) => held.push(resolve));
+          return written;
+        },
+      });
+      const lines: string[] = [];
+      const a = new LeaseHolder({
+        backend: slowAnswers,
+        epochs: f.store.epochs,
+        timings: { ...timings, renewEveryMs: 60_000 },
+        holder: holder("a"),
+        log: createLogger({ write: (line) => lines.push(line), pretty: false }),
+      });
+      assert.equal(await a.tryTake(), true);
+      const first = a.renew();
+      const second = a.renew();
+      await eventuallyTrue(() => renewalsWritten >= 1);
+      const released = a.release();
+      await sleep(100);
+      letThrough();
+      assert.equal(renewalsWritten, 1, "the second renewal joined the first instead of writing on its revision");
+      await Promise.all([first, second, released]);
+      assert.ok(!lines.some((line) => line.includes('"lease.lost"')), lines.join("\n"));
+      assert.ok(
+        lines.some((line) => line.includes('"event":"lease.released"') && line.includes('"given_back":true')),
+        lines.join("\n"),
+      );
+      assert.equal(await lease.read(), undefined, "nobody holds the lease once it is given back");
     });
   });
 }
