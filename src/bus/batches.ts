@@ -61,3 +61,47 @@ export async function* inBatches<T>(source: AsyncIterable<T>, max: number): Asyn
   await pump;
   if (failure !== undefined) throw failure.error;
 }
+
+/**
+ * Writes that are cheaper made together: what is asked for while one batch is being written goes into the next.
+ * Alone, an item waits one event-loop turn (for whatever was asked for beside it); under load the batches grow, at
+ * most `max` at a time, with no timer. Each asker is told how its own batch went.
+ */
+export class Coalescing<T> {
+  private readonly waiting: { item: T; settle: (failure?: { error: unknown }) => void }[] = [];
+  private writing = false;
+
+  constructor(
+    private readonly write: (items: T[]) => Promise<void>,
+    private readonly max: number,
+  ) {}
+
+  add(item: T): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      this.waiting.push({
+        item,
+        settle: (failure) => {
+          if (failure === undefined) resolve();
+          else reject(failure.error instanceof Error ? failure.error : new Error(String(failure.error)));
+        },
+      });
+      if (!this.writing) void this.drain();
+    });
+  }
+
+  private async drain(): Promise<void> {
+    this.writing = true;
+    await new Promise((resolve) => setImmediate(resolve));
+    while (this.waiting.length > 0) {
+      const batch = this.waiting.splice(0, this.max);
+      let failure: { error: unknown } | undefined;
+      try {
+        await this.write(batch.map((one) => one.item));
+      } catch (error) {
+        failure = { error };
+      }
+      for (const one of batch) one.settle(failure);
+    }
+    this.writing = false;
+  }
+}

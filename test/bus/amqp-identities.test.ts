@@ -1,18 +1,25 @@
 /**
- * RabbitMQ token accounts against the machine's broker, in a scratch vhost: the sweep deletes the accounts of
- * tokens that ended and never one issued while it runs.
+ * RabbitMQ accounts against the machine's broker, in a scratch vhost: the sweep deletes the accounts of tokens
+ * that ended and never one issued while it runs; enrolments arriving together get their accounts and queues in a
+ * few imports, each usable by its node alone; a bulk delete passes over an account already gone and closes the
+ * connections of those it deletes.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
+import amqp from "amqplib";
 import type { ControlIdentities } from "../../src/bus/index.js";
 import { openIdentities } from "../../src/bus/index.js";
+import { AmqpBrokerIdentities } from "../../src/bus/amqp/identities.js";
+import { parseAmqpUrl } from "../../src/bus/amqp/link.js";
+import type { RabbitDefinitions } from "../../src/bus/amqp/management.js";
+import { nodeQueue } from "../../src/link/index.js";
 import { tokensToKeep } from "../../src/control/revocations.js";
 import { issueToken } from "../../src/control/tokens.js";
 import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
 import type { ScratchVhost } from "../support/rabbit.js";
-import { scratchVhost } from "../support/rabbit.js";
+import { managementGet, scratchVhost } from "../support/rabbit.js";
 import { tempDir } from "../support/tmp.js";
 
 describe("RabbitMQ token accounts", () => {
@@ -68,5 +75,87 @@ describe("RabbitMQ token accounts", () => {
     // The next sweep knows the late token and keeps it too.
     assert.equal(await identities.sweepTokens(() => tokensToKeep(store, new Date(), 5000)), 0);
     assert.equal((await tokenAccounts("sweep-late")).length, 1);
+  });
+
+  /** An AMQP connection on the scratch vhost as one account. */
+  const connectAs = (username: string, password: string) =>
+    amqp.connect({
+      protocol: "amqp",
+      hostname: new URL(scratch.url).hostname,
+      port: Number(new URL(scratch.url).port || 5672),
+      vhost: scratch.vhost,
+      username,
+      password,
+    });
+  /** The accounts made through `scratch.api`, so the test can count the calls made on it. */
+  const amqpIdentities = () =>
+    new AmqpBrokerIdentities(scratch.api, parseAmqpUrl(scratch.url), join(dir.path, "rabbitmq"));
+
+  test("amqp accounts — forty enrolments at once are made in a few imports; each account reads its own queue and not another's", async () => {
+    const api = scratch.api;
+    const imports: RabbitDefinitions[] = [];
+    const define = api.define.bind(api);
+    // Counting the imports on the real management API: the work itself is done by the broker.
+    api.define = (definitions) => {
+      imports.push(definitions);
+      return define(definitions);
+    };
+    const accounts = amqpIdentities();
+    let made: Awaited<ReturnType<AmqpBrokerIdentities["forNode"]>>[];
+    try {
+      made = await Promise.all(Array.from({ length: 40 }, (_, i) => accounts.forNode(`batch-${i}`)));
+    } finally {
+      api.define = define;
+    }
+    assert.ok(imports.length >= 1 && imports.length <= 2, `${imports.length} imports for 40 enrolments`);
+    assert.equal(imports.flatMap((one) => one.users).length, 40);
+
+    const listed = await managementGet<{ name: string }[]>(
+      `/queues/${encodeURIComponent(scratch.vhost)}?columns=name`,
+    );
+    const queues = new Set((listed.body ?? []).map((queue) => queue.name));
+    for (let i = 0; i < 40; i++) assert.ok(queues.has(nodeQueue(`batch-${i}`)), `batch-${i}'s queue exists`);
+    for (const i of [0, 17, 39]) {
+      const { credential } = made[i]!;
+      assert.equal(credential.type, "amqp");
+      if (credential.type !== "amqp" || credential.password === undefined) continue;
+      const connection = await connectAs(credential.username, credential.password);
+      try {
+        const own = await connection.createChannel();
+        await own.consume(nodeQueue(`batch-${i}`), () => undefined);
+        const other = await connection.createChannel();
+        other.on("error", () => undefined);
+        await assert.rejects(
+          other.consume(nodeQueue(`batch-${(i + 1) % 40}`), () => undefined),
+          /403 \(ACCESS-REFUSED\)/,
+        );
+      } finally {
+        await connection.close();
+      }
+    }
+  });
+
+  test("amqp accounts — a bulk delete passes over an account already gone, deletes the rest, and closes their connections", async () => {
+    const accounts = amqpIdentities();
+    const made = await Promise.all(["gone-1", "gone-2", "gone-3"].map((node) => accounts.forNode(node)));
+    const [first, second, third] = made.map((one) => one.user);
+    const credential = made[2]!.credential;
+    assert.ok(credential.type === "amqp" && credential.password !== undefined);
+    const connection = await connectAs(credential.username, credential.password);
+    const closed = new Promise<string>((resolve) =>
+      connection.on("close", (error?: Error) => resolve(String(error))),
+    );
+    connection.on("error", () => undefined);
+
+    assert.equal(await scratch.api.deleteUser(second!), true);
+    assert.equal(await scratch.api.deleteUsers([first!, second!, third!]), 2);
+    const left = await scratch.api.users();
+    for (const user of [first, second, third]) assert.ok(!left.includes(user!), `${user} is gone`);
+    assert.match(
+      await closed,
+      /CONNECTION_FORCED|320/,
+      "the deleted account's connection is closed by the broker",
+    );
+    assert.equal(await scratch.api.deleteUsers([first!]), 0, "nothing left to delete is not an error");
   });
 });
