@@ -5,20 +5,6 @@
 import { BusError } from "../errors.js";
 import type { RabbitPermissions } from "../../link/index.js";
 
-/** What one definitions import adds: the accounts of many nodes, their permissions and their queues. */
-export interface RabbitDefinitions {
-  users: { name: string; password: string; tags: "" }[];
-  permissions: { user: string; vhost: string; configure: string; write: string; read: string }[];
-  topic_permissions: { user: string; vhost: string; exchange: string; write: string; read: string }[];
-  queues: {
-    name: string;
-    vhost: string;
-    durable: true;
-    auto_delete: false;
-    arguments: Record<string, never>;
-  }[];
-}
-
 export class RabbitManagement {
   private readonly base: string;
   private readonly authorization: string;
@@ -97,14 +83,6 @@ export class RabbitManagement {
     return deleted;
   }
 
-  /**
-   * Adds accounts, permissions and queues in one import: many enrolments cost the broker one call instead of
-   * four each. Adding only: nothing the import does not name is touched.
-   */
-  async define(definitions: RabbitDefinitions): Promise<void> {
-    await this.call("POST", "/definitions", definitions);
-  }
-
   /** The names of every user on the broker. */
   async users(): Promise<string[]> {
     const response = await this.request("GET", "/users?columns=name");
@@ -118,6 +96,10 @@ export class RabbitManagement {
       this.call("PUT", `/permissions/${enc(vhost)}/${enc(user)}`, { configure, write, read }),
       this.call("PUT", `/topic-permissions/${enc(vhost)}/${enc(user)}`, topic),
     ]);
+  }
+
+  async putQueue(vhost: string, queue: string): Promise<void> {
+    await this.call("PUT", `/queues/${enc(vhost)}/${enc(queue)}`, { durable: true, auto_delete: false });
   }
 
   async deleteQueue(vhost: string, queue: string): Promise<boolean> {
