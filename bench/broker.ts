@@ -4,7 +4,7 @@
  * bench's own; RabbitMQ is the machine's broker, in a vhost of the bench's own that is deleted afterwards.
  */
 import { randomBytes } from "node:crypto";
-import { mkdirSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { ChannelModel } from "amqplib";
 import amqp from "amqplib";
@@ -35,8 +35,18 @@ export interface BenchBroker {
   url: string;
   /** The broker's name and version, for the results. */
   version: string;
+  /** The broker's process, for its CPU; undefined when it cannot be told apart. */
+  pid: number | undefined;
   /** The broker's share of a join: a token's identity connecting as the mesh connects it, and leaving. */
   connectAndLeave(token: string): Promise<void>;
+  /**
+   * Where the broker itself does more for a join than take connections (RabbitMQ: an account, its permissions
+   * and a queue, made through its management API), all of the broker's work for join number `index`, with the
+   * client libraries alone: the token's identity connects and leaves, the account and queue are made as the
+   * control plane makes them, and the new account connects, reads its queue and leaves. `clear` deletes what the
+   * first `count` made, so the mesh is measured on a broker holding only its own.
+   */
+  joinAlone?: { one(token: string, index: number): Promise<void>; clear(count: number): Promise<void> };
   /** Publishes `count` copies of `body` with the client library alone, as the control plane; returns the ms. */
   publishRaw(count: number, body: Uint8Array): Promise<number>;
   /** Messages waiting in the control queue (read while no control plane consumes it). */
@@ -133,6 +143,7 @@ async function startNats(data: string, dir: string): Promise<BenchBroker> {
     kind: "nats",
     url,
     version: execFileSync("/usr/sbin/nats-server", ["--version"], { encoding: "utf8" }).trim(),
+    pid: server.pid === 0 ? undefined : server.pid,
     connectAndLeave: (token) => connectAndLeave(token),
     publishRaw: async (count, body) => {
       const nc = await control();
@@ -223,6 +234,7 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
     topic: { exchange: "mesh", write: ".*", read: ".*" },
   });
   const url = `${rabbitUrl}/${encodeURIComponent(vhost)}`;
+  const users = new MeshUsers(vhost);
   const overview = (await fetch(`${admin.origin}/api/overview`, {
     headers: { authorization: basic(admin) },
   }).then((response) => response.json())) as { rabbitmq_version?: string };
@@ -238,7 +250,48 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
     kind: "amqp",
     url,
     version: `RabbitMQ ${overview.rabbitmq_version ?? "unknown"}`,
+    pid: beamPid(),
     connectAndLeave: (token) => connectAndLeave(token),
+    joinAlone: {
+      one: async (token, index) => {
+        await connectAndLeave(token);
+        // Named under the mesh's prefix, so the cleanup below deletes them with the mesh's own accounts.
+        const user = `${users.prefix}.alone.${index}`;
+        const password = randomBytes(24).toString("base64url");
+        const queue = `alone.${index}`;
+        await Promise.all([
+          api.putQueue(vhost, queue),
+          api.putUser(user, password).then(() =>
+            api.setPermissions(vhost, user, {
+              configure: "^$",
+              write: "^$",
+              read: `^alone\\.${index}$`,
+              topic: { exchange: "mesh", write: "^$", read: "^$" },
+            }),
+          ),
+        ]);
+        const address = new URL(url);
+        const connection = await amqp.connect({
+          protocol: "amqp",
+          hostname: address.hostname,
+          port: Number(address.port || 5672),
+          vhost,
+          username: user,
+          password,
+        });
+        try {
+          const channel = await connection.createChannel();
+          await channel.consume(queue, () => undefined);
+        } finally {
+          await connection.close();
+        }
+      },
+      clear: async (count) => {
+        const indexes = Array.from({ length: count }, (_, index) => index);
+        await api.deleteUsers(indexes.map((index) => `${users.prefix}.alone.${index}`));
+        for (const index of indexes) await api.deleteQueue(vhost, `alone.${index}`);
+      },
+    },
     publishRaw: (count, body) =>
       withAdmin(async (connection) => {
         const channel = await connection.createConfirmChannel();
@@ -288,7 +341,6 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
       }
     },
     stop: async () => {
-      const users = new MeshUsers(vhost);
       for (const user of await api.users()) {
         if (user.startsWith(`${users.prefix}.`)) await api.deleteUser(user);
       }
@@ -304,6 +356,22 @@ async function connectAndLeave(token: string): Promise<void> {
   if (broker === undefined || broker === null) throw new Error("a token without a broker identity");
   const bus = await openEnrolmentSide(broker.url, decoded.node, broker.credential, decoded.secret);
   await bus.close();
+}
+
+/** The machine's RabbitMQ process (the Erlang VM), when exactly one runs. */
+function beamPid(): number | undefined {
+  const found = readdirSync("/proc")
+    .filter((entry) => /^\d+$/.test(entry))
+    .filter((pid) => {
+      try {
+        return readFileSync(`/proc/${pid}/comm`, "utf8").trim() === "beam.smp";
+      } catch (error) {
+        // A process that ended while the list was read.
+        if ((error as NodeJS.ErrnoException).code === "ENOENT") return false;
+        throw error;
+      }
+    });
+  return found.length === 1 ? Number(found[0]) : undefined;
 }
 
 function basic(url: URL): string {

@@ -24,7 +24,18 @@ import type { BenchOptions } from "./args.js";
 import { BenchUsageError, parseBenchArgs } from "./args.js";
 import { runFailover } from "./failover.js";
 import type { ServeProcess } from "./mesh.js";
-import { cpuSeconds, root, rssMiB, runMesh, startServe } from "./mesh.js";
+import type { RoundCpu } from "./mesh.js";
+import {
+  cpuSeconds,
+  cpuSince,
+  cpuText,
+  root,
+  roundCpu,
+  roundCpuTotal,
+  rssMiB,
+  runMesh,
+  startServe,
+} from "./mesh.js";
 import type { BenchBroker, Drained } from "./broker.js";
 import { startBenchBroker, warmUpShare } from "./broker.js";
 import type { Figure } from "./table.js";
@@ -166,10 +177,24 @@ async function benchMesh(): Promise<void> {
     say(`issued ${N} tokens in ${((performance.now() - started) / 1000).toFixed(1)} s`);
     if (has("enrolment")) {
       // Baseline: the broker's share of a join — each token's identity connecting (as the mesh connects) and
-      // leaving, as many at once.
+      // leaving, as many at once. RabbitMQ also makes an account and a queue per join: there the baseline is all of
+      // the broker's work for each join, done with the client libraries alone.
       started = performance.now();
       await mapLimit([...tokens.values()], options.joinConcurrency, (token) => broker.connectAndLeave(token));
       const connectMs = performance.now() - started;
+      let aloneMs: number | undefined;
+      if (broker.joinAlone !== undefined) {
+        const alone = broker.joinAlone;
+        started = performance.now();
+        await mapLimit(
+          [...tokens.values()].map((token, index) => ({ token, index })),
+          options.joinConcurrency,
+          (one) => alone.one(one.token, one.index),
+        );
+        aloneMs = performance.now() - started;
+        await alone.clear(tokens.size);
+        say(`the broker alone: ${N} joins' worth of its work in ${(aloneMs / 1000).toFixed(1)} s`);
+      }
       started = performance.now();
       const joins = await lab.join(tokens);
       const totalMs = performance.now() - started;
@@ -180,6 +205,7 @@ async function benchMesh(): Promise<void> {
         failed: failed.length,
         first_errors: failed.slice(0, 3),
         connect_baseline_ms: connectMs,
+        ...(aloneMs === undefined ? {} : { broker_alone_ms: aloneMs }),
       };
       const note = `${options.joinConcurrency} at once${failed.length > 0 ? `; ${failed.length} failed` : ""}`;
       figures.push({
@@ -187,7 +213,10 @@ async function benchMesh(): Promise<void> {
         what: `${N} joins, total`,
         value: totalMs / 1000,
         unit: "s",
-        baseline: { value: connectMs / 1000, what: "token identities connect+close" },
+        baseline:
+          aloneMs === undefined
+            ? { value: connectMs / 1000, what: "token identities connect+close" }
+            : { value: aloneMs / 1000, what: "the broker's work of each join, without the mesh" },
         target: N === 1000 ? "≤ 10 s" : "",
         note,
       });
@@ -250,7 +279,11 @@ async function benchMesh(): Promise<void> {
         await runMesh(data, ["declare", "--all", "-f", declarationFile, "--json"], profileDir);
         await waitFor(() => converged.size >= running, 300_000);
       }
-      const rounds: { fanoutMs: number; converged: NonNullable<ReturnType<typeof spread>> }[] = [];
+      const rounds: {
+        fanoutMs: number;
+        converged: NonNullable<ReturnType<typeof spread>>;
+        cpu: RoundCpu;
+      }[] = [];
       for (let round = 1; round <= options.rounds; round++) {
         writeFileSync(
           declarationFile,
@@ -260,23 +293,30 @@ async function benchMesh(): Promise<void> {
         );
         converged.clear();
         appliedNodes.clear();
+        const cpuBefore = roundCpu(serve.pid, broker.pid);
         startedAt = performance.now();
         await runMesh(data, ["declare", "--all", "-f", declarationFile, "--json"]);
         const fanoutMs = performance.now() - startedAt;
         await waitFor(() => converged.size >= running, 300_000);
+        const cpu = cpuSince(cpuBefore, roundCpu(serve.pid, broker.pid));
         const c = spread([...converged.values()].map((t) => t - startedAt));
         if (c === undefined) throw new Error(`round ${round}: no node converged`);
         say(
-          `round ${round}: \`mesh declare --all\` ${fanoutMs.toFixed(0)} ms, slowest node ${c.max.toFixed(0)} ms`,
+          `round ${round}: \`mesh declare --all\` ${fanoutMs.toFixed(0)} ms, slowest node ${c.max.toFixed(0)} ms; ` +
+            `CPU ${cpuText(cpu)}`,
         );
-        rounds.push({ fanoutMs, converged: c });
+        rounds.push({ fanoutMs, converged: c, cpu });
       }
       const byMax = [...rounds].sort((x, y) => x.converged.max - y.converged.max);
       const median = byMax[Math.floor((byMax.length - 1) / 2)] ?? byMax[0];
       const worst = byMax.at(-1);
       if (median === undefined || worst === undefined) throw new Error("no round was run");
       const fanoutMs = median.fanoutMs;
-      extra.rounds = rounds.map((r) => ({ fanout_ms: r.fanoutMs, convergence_ms: r.converged }));
+      extra.rounds = rounds.map((r) => ({
+        fanout_ms: r.fanoutMs,
+        convergence_ms: r.converged,
+        cpu_s: r.cpu,
+      }));
       for (const node of nodes) {
         const latest = await store.declarations.latest(node);
         if (latest !== undefined) sent.set(node, latest);
@@ -344,6 +384,17 @@ async function benchMesh(): Promise<void> {
               unit: "ms",
               baseline: { value: worst.fanoutMs, what: "`mesh declare --all` exits" },
               target: N >= 10_000 ? "≤ 5 s" : "",
+            },
+            {
+              part: "convergence",
+              what: "CPU of the median round, every process on the machine's cores",
+              value: roundCpuTotal(median.cpu),
+              unit: "s",
+              baseline: {
+                value: (median.converged.max / 1000) * cpus().length,
+                what: `the cores' time until the slowest node (${cpus().length} cores)`,
+              },
+              note: cpuText(median.cpu),
             },
           );
         }

@@ -88,6 +88,16 @@ export function cpuSeconds(pid: number): number {
   return ticks / clockTicks();
 }
 
+/**
+ * CPU seconds (user + system) used by the children this process has waited for: the `mesh` commands it ran, each
+ * counted once it has exited.
+ */
+export function childrenCpuSeconds(): number {
+  const stat = readFileSync("/proc/self/stat", "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return (Number(fields[13]) + Number(fields[14])) / clockTicks();
+}
+
 /** Resident memory of a process in MiB, from /proc/<pid>/status. */
 export function rssMiB(pid: number): number {
   const status = readFileSync(`/proc/${pid}/status`, "utf8");
@@ -100,4 +110,46 @@ let ticks: number | undefined;
 function clockTicks(): number {
   ticks ??= Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim());
   return ticks;
+}
+
+/** CPU seconds used by each party to a fan-out round (readings are running totals; `cpuSince` takes the difference). */
+export interface RoundCpu {
+  /** `mesh declare --all`: the children this process ran. */
+  declare: number;
+  serve: number;
+  /** This process: the lab's simulated fleet, and the bench's own counting. */
+  fleet: number;
+  broker: number | null;
+}
+
+export function roundCpu(servePid: number, brokerPid: number | undefined): RoundCpu {
+  const own = process.cpuUsage();
+  return {
+    declare: childrenCpuSeconds(),
+    serve: cpuSeconds(servePid),
+    fleet: (own.user + own.system) / 1e6,
+    broker: brokerPid === undefined ? null : cpuSeconds(brokerPid),
+  };
+}
+
+export function cpuSince(before: RoundCpu, after: RoundCpu): RoundCpu {
+  return {
+    declare: after.declare - before.declare,
+    serve: after.serve - before.serve,
+    fleet: after.fleet - before.fleet,
+    broker: after.broker === null || before.broker === null ? null : after.broker - before.broker,
+  };
+}
+
+export function roundCpuTotal(cpu: RoundCpu): number {
+  return cpu.declare + cpu.serve + cpu.fleet + (cpu.broker ?? 0);
+}
+
+export function cpuText(cpu: RoundCpu): string {
+  const total = roundCpuTotal(cpu);
+  const broker = cpu.broker === null ? "broker not measured" : `broker ${cpu.broker.toFixed(1)} s`;
+  return (
+    `declare ${cpu.declare.toFixed(1)} s, serve ${cpu.serve.toFixed(1)} s, fleet ${cpu.fleet.toFixed(1)} s, ` +
+    `${broker}; ${total.toFixed(1)} s in all`
+  );
 }

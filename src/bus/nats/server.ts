@@ -76,6 +76,8 @@ export function findNatsServer(env: NodeJS.ProcessEnv = process.env): string {
 
 export interface RunningNatsServer {
   url: string;
+  /** The server's process id (0 if it never started). */
+  pid: number;
   /** Resolves with the exit code when the server process ends, for whatever reason. */
   exited: Promise<number | null>;
   stop(): Promise<void>;
@@ -123,7 +125,7 @@ export async function startNatsServer(
     await stop();
     throw error;
   }
-  return { url: `nats://${listen.host}:${listen.port}`, exited, stop };
+  return { url: `nats://${listen.host}:${listen.port}`, pid: child.pid ?? 0, exited, stop };
 }
 
 export async function waitForPort(host: string, port: number, timeoutMs: number): Promise<void> {
