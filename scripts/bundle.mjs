@@ -23,6 +23,9 @@ for (const [name, entry] of Object.entries(entries)) {
     banner: {
       js: 'import { createRequire as createRequireOfBundle } from "node:module";\nconst require = createRequireOfBundle(import.meta.url);',
     },
+    // A map back to src/ (through tsc's own maps), read only under MESH_DEBUG=1: see bin/.
+    sourcemap: "linked",
+    sourcesContent: false,
     logLevel: "warning",
   });
 }

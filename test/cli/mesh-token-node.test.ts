@@ -162,6 +162,19 @@ describe("mesh token and node commands", () => {
     assert.equal(damaged.code, 2);
     assert.equal(damaged.stderr.split("\n").length, 2, "one line");
   });
+
+  test("cli — a failure is one line; MESH_DEBUG=1 adds its stack, naming the source files it came from", async () => {
+    const plain = await mesh(["--data", data, "node", "show", "nobody-here"]);
+    assert.equal(plain.code, 1);
+    assert.equal(plain.stderr, "mesh: no node named nobody-here\n");
+    const debug = await mesh(["--data", data, "node", "show", "nobody-here"], { MESH_DEBUG: "1" });
+    assert.equal(debug.code, 1);
+    assert.match(debug.stderr, /^mesh: no node named nobody-here\nMeshError: no node named nobody-here\n/);
+    assert.match(debug.stderr, /\bsrc\/cli\/node\.ts:\d+:\d+/, "the stack names src/, not the bundle");
+    const host = await meshHost(["token", "show", "not-a-token"], { MESH_DEBUG: "1" });
+    assert.equal(host.code, 2);
+    assert.match(host.stderr, /\bsrc\/[\w/-]+\.ts:\d+:\d+/, host.stderr);
+  });
 });
 
 describe("mesh on a PostgreSQL store", () => {
