@@ -179,12 +179,14 @@ export async function openNodeSide(
   node: string,
   credential: NodeCredential,
   seed: string | undefined,
+  /** Told when the connection is lost and when it comes back. */
+  log?: Logger,
 ): Promise<NodeBus> {
-  if (credential.type === "amqp") return AmqpNodeBus.open(parseAmqpUrl(url), node, credential);
+  if (credential.type === "amqp") return AmqpNodeBus.open(parseAmqpUrl(url), node, credential, log);
   if (seed === undefined) {
     throw new MeshError("not_joined", "this node's NATS user seed is missing from its state");
   }
-  return NatsNodeBus.open(url, node, { jwt: credential.jwt, seed });
+  return NatsNodeBus.open(url, node, { jwt: credential.jwt, seed }, log);
 }
 
 export async function openEnrolmentSide(

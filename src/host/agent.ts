@@ -57,9 +57,6 @@ export type AgentEvent =
   | { kind: "applied"; epoch: number; sequence: number }
   | { kind: "receipt"; report_sequence: number; verdict: "kept" | "refused" };
 
-const openOwnBus: OpenNodeBus = (identity, seed) =>
-  openNodeSide(identity.broker.url, identity.node, identity.broker.credential, seed);
-
 /** The items of the last report, kept so a refusal still says what the machine holds. */
 const heldItemsFile = "held-items.json";
 /** A report written but not yet stored by the broker: sent first on the next start, so none is ever lost. */
@@ -119,7 +116,15 @@ export class Agent {
    */
   async run(onRunning?: () => void): Promise<void> {
     const seed = this.state.loadSecret(brokerSeedFile);
-    const bus = await (this.settings.openBus ?? openOwnBus)(this.identity, seed);
+    const openOwn: OpenNodeBus = (identity, identitySeed) =>
+      openNodeSide(
+        identity.broker.url,
+        identity.node,
+        identity.broker.credential,
+        identitySeed,
+        this.settings.log,
+      );
+    const bus = await (this.settings.openBus ?? openOwn)(this.identity, seed);
     this.bus = bus;
     if (this.stopping) {
       await bus.close();

@@ -167,6 +167,8 @@ describe("mesh serve on RabbitMQ through a broker restart", () => {
     assert.equal(agent.child.exitCode, null, agent.stderr());
     assert.match(serve.stderr(), /"event":"broker\.disconnected"/);
     assert.match(serve.stderr(), /"event":"broker\.reconnected"/);
+    assert.match(agent.stderr(), /"event":"broker\.disconnected"/, "the agent says it lost the broker");
+    assert.match(agent.stderr(), /"event":"broker\.reconnected"/, "and that it is back");
     assert.equal(await controlConsumers(), 1, "the control plane consumes again");
   });
 });

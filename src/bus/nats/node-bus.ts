@@ -10,6 +10,8 @@ import {
 } from "../../link/index.js";
 import type { EnrolmentBus, NodeBus, NodeDelivery } from "../bus.js";
 import { BrokerRefusedIdentity, BusError, NobodyAnswers } from "../errors.js";
+import type { Logger } from "../../log.js";
+import { errorText } from "../../log.js";
 import type { NatsIdentity } from "./connect.js";
 import { asBusError, connectNats } from "./connect.js";
 
@@ -19,8 +21,8 @@ export class NatsNodeBus implements NodeBus {
     private readonly node: string,
   ) {}
 
-  /** Connects as the node; the connection reconnects by itself after any outage. */
-  static async open(url: string, node: string, identity: NatsIdentity): Promise<NatsNodeBus> {
+  /** Connects as the node; the connection reconnects by itself after any outage, and `log` is told of both. */
+  static async open(url: string, node: string, identity: NatsIdentity, log?: Logger): Promise<NatsNodeBus> {
     const nc = await connectNats({
       url,
       identity,
@@ -28,7 +30,20 @@ export class NatsNodeBus implements NodeBus {
       inboxPrefix: inboxPrefix(node),
       reconnect: true,
     });
+    if (log !== undefined) {
+      NatsNodeBus.tellConnection(nc, url, log).catch((error: unknown) =>
+        log.warn("broker.status_unread", { broker: url, error: errorText(error) }),
+      );
+    }
     return new NatsNodeBus(nc, node);
+  }
+
+  /** Logs each loss of the connection and each return, until it closes. */
+  private static async tellConnection(nc: NatsConnection, broker: string, log: Logger): Promise<void> {
+    for await (const status of nc.status()) {
+      if (status.type === "disconnect") log.warn("broker.disconnected", { broker });
+      else if (status.type === "reconnect") log.info("broker.reconnected", { broker });
+    }
   }
 
   async consumeNode(handle: (message: NodeDelivery) => Promise<void>): Promise<void> {
