@@ -185,7 +185,11 @@ describe("mesh serve with an operator's nats-server", () => {
       return s.account?.sequence === declared.sequence && s.account.outcome === "applied" ? s : undefined;
     });
     assert.equal(kept.account?.outcome, "applied");
-    assert.match(agent?.stderr() ?? "", /"event":"broker\.disconnected"/, "the agent says it lost the broker");
+    assert.match(
+      agent?.stderr() ?? "",
+      /"event":"broker\.disconnected"/,
+      "the agent says it lost the broker",
+    );
     assert.match(agent?.stderr() ?? "", /"event":"broker\.reconnected"/, "and that it is back");
 
     // The control plane told the restarted server its revocations again.

@@ -231,7 +231,11 @@ for (const fixture of fixtures) {
       const released = a.release();
       await sleep(100);
       letThrough();
-      assert.equal(renewalsWritten, 1, "the second renewal joined the first instead of writing on its revision");
+      assert.equal(
+        renewalsWritten,
+        1,
+        "the second renewal joined the first instead of writing on its revision",
+      );
       await Promise.all([first, second, released]);
       assert.ok(!lines.some((line) => line.includes('"lease.lost"')), lines.join("\n"));
       assert.ok(
