@@ -69,14 +69,17 @@ export class RabbitManagement {
         return deleted + rest.length;
       }
       const text = await response.text();
-      const missing = missingUserIn(text);
-      const at = missing === undefined ? -1 : rest.indexOf(missing);
-      if (at < 0) {
-        throw new BusError(
-          "broker",
-          `the RabbitMQ management API refused POST /users/bulk-delete: 400 ${text.slice(0, 300)}`,
-        );
+      const refused = () =>
+        `the RabbitMQ management API refused POST /users/bulk-delete: 400 ${text.slice(0, 300)}`;
+      let answer: unknown;
+      try {
+        answer = JSON.parse(text);
+      } catch (error) {
+        throw new BusError("broker", refused(), { cause: error });
       }
+      const missing = missingUserIn(answer);
+      const at = missing === undefined ? -1 : rest.indexOf(missing);
+      if (at < 0) throw new BusError("broker", refused());
       deleted += at;
       rest = rest.slice(at + 1);
     }
@@ -193,16 +196,8 @@ export class RabbitManagement {
 }
 
 /** The user a bulk delete stopped at: the broker answers `{"reason": ["no_such_user", name]}`. */
-function missingUserIn(text: string): string | undefined {
-  let body: unknown;
-  try {
-    body = JSON.parse(text);
-  } catch (error) {
-    // Not JSON: the caller reports the answer as it came.
-    if (error instanceof SyntaxError) return undefined;
-    throw error;
-  }
-  const reason = (body as { reason?: unknown } | null)?.reason;
+function missingUserIn(answer: unknown): string | undefined {
+  const reason = (answer as { reason?: unknown } | null)?.reason;
   return Array.isArray(reason) && reason[0] === "no_such_user" && typeof reason[1] === "string"
     ? reason[1]
     : undefined;
