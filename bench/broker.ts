@@ -279,11 +279,22 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
           username: user,
           password,
         });
+        // A refusal rejects the call that met it, which fails the run; the same refusal is also emitted as an
+        // event, which must have a listener or it would end the process before the call could say what it was.
+        let emitted: Error | undefined;
+        connection.on("error", (error: Error) => (emitted = error));
         try {
           const channel = await connection.createChannel();
+          channel.on("error", (error: Error) => (emitted = error));
           await channel.consume(queue, () => undefined);
+        } catch (error) {
+          throw new Error(`the broker alone, join ${index}: ${(error as Error).message}`, {
+            cause: emitted ?? error,
+          });
         } finally {
-          await connection.close();
+          await connection.close().catch((error: unknown) => {
+            if (emitted === undefined) throw error;
+          });
         }
       },
       clear: async (count) => {

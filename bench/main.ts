@@ -387,7 +387,7 @@ async function benchMesh(): Promise<void> {
             },
             {
               part: "convergence",
-              what: "CPU of the median round, every process on the machine's cores",
+              what: "CPU of the median round: the mesh, the simulated fleet, the broker",
               value: roundCpuTotal(median.cpu),
               unit: "s",
               baseline: {

@@ -128,8 +128,18 @@ export function roundCpu(servePid: number, brokerPid: number | undefined): Round
     declare: childrenCpuSeconds(),
     serve: cpuSeconds(servePid),
     fleet: (own.user + own.system) / 1e6,
-    broker: brokerPid === undefined ? null : cpuSeconds(brokerPid),
+    broker: brokerPid === undefined ? null : brokerCpuSeconds(brokerPid),
   };
+}
+
+/** The broker's CPU so far, or null once its process is gone (a broker restarted is not the one measured). */
+function brokerCpuSeconds(pid: number): number | null {
+  try {
+    return cpuSeconds(pid);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
+    throw error;
+  }
 }
 
 export function cpuSince(before: RoundCpu, after: RoundCpu): RoundCpu {

@@ -32,6 +32,8 @@ export class LeaseHolder {
   private timer: NodeJS.Timeout | undefined;
   /** The renewal in flight, if any: one at a time, and a release waits for it. */
   private renewing: Promise<void> | undefined;
+  /** Set once a release has begun: no renewal starts after it. */
+  private releasing = false;
   private readonly clock: () => number;
   private signalLoss: (reason: string) => void = () => undefined;
   /** Settles with the reason when the lease is lost (a refused renewal). */
@@ -76,6 +78,7 @@ export class LeaseHolder {
    * one is in flight joins it: a second compare-and-set on the same revision would be refused, and read as a loss.
    */
   renew(): Promise<void> {
+    if (this.releasing) return Promise.resolve();
     this.renewing ??= this.renewOnce().finally(() => (this.renewing = undefined));
     return this.renewing;
   }
@@ -111,8 +114,26 @@ export class LeaseHolder {
    * moves the revision, and a release on the revision before it would be refused and leave the lease to age out.
    */
   async release(): Promise<void> {
+    this.releasing = true;
     this.stopRenewing();
-    await this.renewing;
+    // At most a lease's life: a store that never answers the renewal must not keep the process from stopping (the
+    // release is then tried on the revision known, and the lease ages out if that is refused).
+    if (this.renewing !== undefined) {
+      let timer: NodeJS.Timeout | undefined;
+      const waited = await Promise.race([
+        this.renewing.then(() => true),
+        new Promise<false>(
+          (resolve) => (timer = setTimeout(() => resolve(false), this.options.timings.ttlMs)),
+        ),
+      ]);
+      clearTimeout(timer);
+      if (!waited) {
+        this.options.log.warn("lease.renewal_unanswered", {
+          epoch: this.epoch ?? null,
+          note: "giving the lease back without the renewal's answer",
+        });
+      }
+    }
     if (this.epoch === undefined) return;
     const given = await this.options.backend.release(this.revision);
     this.options.log.info("lease.released", { epoch: this.epoch, given_back: given });

@@ -100,8 +100,7 @@ describe("RabbitMQ token accounts", () => {
     for (let i = 0; i < 40; i++) assert.ok(queues.has(nodeQueue(`batch-${i}`)), `batch-${i}'s queue exists`);
     for (const i of [0, 17, 39]) {
       const { credential } = made[i]!;
-      assert.equal(credential.type, "amqp");
-      if (credential.type !== "amqp" || credential.password === undefined) continue;
+      assert.ok(credential.type === "amqp" && credential.password !== undefined, "an AMQP account");
       const connection = await connectAs(credential.username, credential.password);
       try {
         const own = await connection.createChannel();
@@ -125,20 +124,45 @@ describe("RabbitMQ token accounts", () => {
     const credential = made[2]!.credential;
     assert.ok(credential.type === "amqp" && credential.password !== undefined);
     const connection = await connectAs(credential.username, credential.password);
-    const closed = new Promise<string>((resolve) =>
-      connection.on("close", (error?: Error) => resolve(String(error))),
-    );
+    const closed = new Promise<string>((resolve) => {
+      const timer = setTimeout(() => resolve("the connection stayed open"), 10_000);
+      connection.on("close", (error?: Error) => {
+        clearTimeout(timer);
+        resolve(String(error));
+      });
+    });
     connection.on("error", () => undefined);
 
     assert.equal(await scratch.api.deleteUser(second!), true);
     assert.equal(await scratch.api.deleteUsers([first!, second!, third!]), 2);
     const left = await scratch.api.users();
     for (const user of [first, second, third]) assert.ok(!left.includes(user!), `${user} is gone`);
-    assert.match(
-      await closed,
-      /CONNECTION_FORCED|320/,
-      "the deleted account's connection is closed by the broker",
-    );
+    const end = await closed;
+    if (end === "the connection stayed open") await connection.close();
+    assert.match(end, /CONNECTION_FORCED|320/, "the deleted account's connection is closed by the broker");
     assert.equal(await scratch.api.deleteUsers([first!]), 0, "nothing left to delete is not an error");
+  });
+
+  test("amqp accounts — a node whose queue cannot be made gets no account: the enrolment fails naming why, and nothing is left behind", async () => {
+    // A queue of that name already there with other arguments: the broker refuses to make it again as the mesh would.
+    const admin = await amqp.connect(scratch.url);
+    try {
+      const channel = await admin.createChannel();
+      await channel.assertQueue(nodeQueue("clash-1"), { durable: true, arguments: { "x-max-length": 1 } });
+    } finally {
+      await admin.close();
+    }
+    const accounts = amqpIdentities();
+    await assert.rejects(accounts.forNode("clash-1"), (error: Error) => {
+      assert.match(
+        error.message,
+        /^the account and queue of clash-1 could not be made; .*(inequivalent|PRECONDITION|400)/,
+      );
+      return true;
+    });
+    const left = (await scratch.api.users()).filter((user) =>
+      user.startsWith(`${scratch.users.prefix}.node.clash-1.`),
+    );
+    assert.deepEqual(left, [], "the account made beside the refused queue is deleted");
   });
 });

@@ -244,6 +244,44 @@ for (const fixture of fixtures) {
       );
       assert.equal(await lease.read(), undefined, "nobody holds the lease once it is given back");
     });
+
+    test("lease — a renewal the store never answers holds a release back for one lease life at most, and no renewal starts after a release", async () => {
+      const lease = await f.backend();
+      let renewals = 0;
+      const silent: LeaseBackend = Object.assign(Object.create(lease) as LeaseBackend, {
+        renew(): Promise<number | undefined> {
+          renewals += 1;
+          return new Promise<never>(() => undefined);
+        },
+      });
+      const lines: string[] = [];
+      const a = new LeaseHolder({
+        backend: silent,
+        epochs: f.store.epochs,
+        timings: { ...timings, renewEveryMs: 60_000 },
+        holder: holder("a"),
+        log: createLogger({ write: (line) => lines.push(line), pretty: false }),
+      });
+      assert.equal(await a.tryTake(), true);
+      void a.renew();
+      const started = performance.now();
+      await a.release();
+      const waited = performance.now() - started;
+      assert.ok(
+        waited >= timings.ttlMs - 50 && waited < timings.ttlMs + 1000,
+        `the release waited ${waited.toFixed(0)} ms`,
+      );
+      assert.ok(
+        lines.some((line) => line.includes('"event":"lease.renewal_unanswered"')),
+        lines.join("\n"),
+      );
+      // Given back on the revision known (the renewal was never written), or already aged out where the store ages
+      // entries out by the same life (a NATS bucket): either way the release is told, and the lease is free.
+      assert.ok(lines.some((line) => line.includes('"event":"lease.released"')), lines.join("\n"));
+      await a.renew();
+      assert.equal(renewals, 1, "a renewal asked for after the release does not start");
+      assert.equal(await lease.read(), undefined);
+    });
   });
 }
 

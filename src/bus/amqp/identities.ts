@@ -8,8 +8,10 @@ import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { readPrivateFile, writePrivateFile } from "../../keys/index.js";
+import { errorText } from "../../log.js";
 import { nodeQueue, rabbitPermissions } from "../../link/index.js";
 import type { BrokerIdentities, NodeCredential, TokenCredential } from "../bus.js";
+import { BusError } from "../errors.js";
 import type { AmqpAddress } from "./link.js";
 import type { RabbitManagement } from "./management.js";
 import { MeshUsers } from "./users.js";
@@ -56,12 +58,29 @@ export class AmqpBrokerIdentities implements BrokerIdentities {
     // The queue beside the account: the node learns its password only from the reply sent after both, so it never
     // finds its account without its queue. (One definitions import for many joins was measured and costs the
     // broker more: about 85 ms of its CPU per import whatever its size, against about 8 ms for these calls.)
-    await Promise.all([
+    const [queue, account] = await Promise.allSettled([
       this.management.putQueue(this.vhost, nodeQueue(node)),
       this.management
         .putUser(user, password)
         .then(() => this.management.setPermissions(this.vhost, user, rabbitPermissions("node", node))),
     ]);
+    const failures: unknown[] = [queue, account].flatMap((made) =>
+      made.status === "rejected" ? [made.reason as unknown] : [],
+    );
+    if (failures.length > 0) {
+      // The enrolment is refused, and its name is stored nowhere: an account made for it would never be deleted.
+      const cleanup = await this.management.deleteUser(user).then(
+        (): string[] => [],
+        (error: unknown) => [`and its account ${user} could not be deleted: ${errorText(error)}`],
+      );
+      throw new BusError(
+        "broker",
+        [`the account and queue of ${node} could not be made`, ...failures.map(errorText), ...cleanup].join(
+          "; ",
+        ),
+        { cause: failures[0] },
+      );
+    }
     return { user, credential: { type: "amqp", username: user, password } };
   }
 

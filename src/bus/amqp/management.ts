@@ -60,7 +60,7 @@ export class RabbitManagement {
    * after. Returns how many this call deleted.
    */
   async deleteUsers(users: readonly string[]): Promise<number> {
-    let rest = [...users];
+    let rest = [...new Set(users)];
     let deleted = 0;
     while (rest.length > 0) {
       const response = await this.request("POST", "/users/bulk-delete", { users: rest }, [400]);
