@@ -277,7 +277,10 @@ for (const fixture of fixtures) {
       );
       // Given back on the revision known (the renewal was never written), or already aged out where the store ages
       // entries out by the same life (a NATS bucket): either way the release is told, and the lease is free.
-      assert.ok(lines.some((line) => line.includes('"event":"lease.released"')), lines.join("\n"));
+      assert.ok(
+        lines.some((line) => line.includes('"event":"lease.released"')),
+        lines.join("\n"),
+      );
       await a.renew();
       assert.equal(renewals, 1, "a renewal asked for after the release does not start");
       assert.equal(await lease.read(), undefined);
