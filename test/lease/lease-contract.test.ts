@@ -104,6 +104,17 @@ for (const fixture of fixtures) {
       await f.close();
     });
 
+    /** Holder "a" over `backend`, renewing only when asked, its log lines kept in `lines`. */
+    const holderA = (backend: LeaseBackend, lines: string[], clock?: () => number) =>
+      new LeaseHolder({
+        backend,
+        epochs: f.store.epochs,
+        timings: { ...timings, renewEveryMs: 60_000 },
+        holder: holder("a"),
+        log: createLogger({ write: (line) => lines.push(line), pretty: false }),
+        ...(clock === undefined ? {} : { clock }),
+      });
+
     test("lease — taken by create, refused to a second holder while held; the epoch is the revision", async () => {
       const lease = await f.backend();
       const epoch = await lease.take(holder("a"));
@@ -173,14 +184,7 @@ for (const fixture of fixtures) {
       let now = 0;
       const lines: string[] = [];
       const lease = await f.backend();
-      const a = new LeaseHolder({
-        backend: lease,
-        epochs: f.store.epochs,
-        timings: { ...timings, renewEveryMs: 60_000 },
-        holder: holder("a"),
-        log: createLogger({ write: (line) => lines.push(line), pretty: false }),
-        clock: () => now,
-      });
+      const a = holderA(lease, lines, () => now);
       assert.equal(await a.tryTake(), true);
       assert.equal(
         await f.store.epochs.floor(),
@@ -217,13 +221,7 @@ for (const fixture of fixtures) {
         },
       });
       const lines: string[] = [];
-      const a = new LeaseHolder({
-        backend: slowAnswers,
-        epochs: f.store.epochs,
-        timings: { ...timings, renewEveryMs: 60_000 },
-        holder: holder("a"),
-        log: createLogger({ write: (line) => lines.push(line), pretty: false }),
-      });
+      const a = holderA(slowAnswers, lines);
       assert.equal(await a.tryTake(), true);
       const first = a.renew();
       const second = a.renew();
@@ -255,13 +253,7 @@ for (const fixture of fixtures) {
         },
       });
       const lines: string[] = [];
-      const a = new LeaseHolder({
-        backend: silent,
-        epochs: f.store.epochs,
-        timings: { ...timings, renewEveryMs: 60_000 },
-        holder: holder("a"),
-        log: createLogger({ write: (line) => lines.push(line), pretty: false }),
-      });
+      const a = holderA(silent, lines);
       assert.equal(await a.tryTake(), true);
       void a.renew();
       const started = performance.now();
