@@ -57,7 +57,7 @@ export class LeaseHolder {
       });
     }
     const startedAt = this.clock();
-    const revision = await backend.take(this.options.holder);
+    const revision = await backend.take({ ...this.options.holder, ttl_ms: this.options.timings.ttlMs });
     if (revision === undefined) return false;
     this.epoch = revision;
     this.revision = revision;
@@ -89,7 +89,12 @@ export class LeaseHolder {
     const startedAt = this.clock();
     try {
       const revision = await this.options.backend.renew(
-        { ...this.options.holder, epoch: this.epoch, renewed_at: new Date().toISOString() },
+        {
+          ...this.options.holder,
+          epoch: this.epoch,
+          renewed_at: new Date().toISOString(),
+          ttl_ms: this.options.timings.ttlMs,
+        },
         this.revision,
       );
       if (revision === undefined) {

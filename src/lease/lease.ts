@@ -14,6 +14,11 @@ export interface HolderInfo {
   epoch?: number;
   /** When the holder last renewed, as the holder saw it. */
   renewed_at?: string;
+  /**
+   * The life the holder works to, written with every take and renewal. A store that ages entries out by a life of
+   * its own (a NATS bucket, whose max_age the next controller may have raised) judges this holder by this one.
+   */
+  ttl_ms?: number;
 }
 
 /** The epoch of the current holding: the one the holder wrote, or the revision of the take itself. */

@@ -297,3 +297,36 @@ test("lease (NATS key-value) — a bucket made on other timings is brought to th
     await nc.close();
   }
 });
+
+test("lease (NATS key-value) — an entry left on a shorter life is free once that life is over, though the bucket now keeps entries longer", async () => {
+  const nc: NatsConnection = await connect({ servers: natsUrl });
+  const bucket = `mesh-lease-test-${randomBytes(4).toString("hex")}`;
+  const jsm = await jetstreamManager(nc);
+  try {
+    const short = await NatsKvLease.open(nc, 500, bucket);
+    // A holder on a 500 ms life takes the lease and stops without a word (killed).
+    const left = await short.take({ ...holder("killed"), ttl_ms: 500 });
+    assert.ok(left !== undefined);
+    // The next controller runs on a 30 s life: the bucket keeps every entry that long from now on.
+    const long = await NatsKvLease.open(nc, 30_000, bucket);
+    assert.equal((await jsm.streams.info(`KV_${bucket}`)).config.max_age, 30_000 * 1_000_000);
+    assert.equal(
+      await long.take({ ...holder("early"), ttl_ms: 30_000 }),
+      undefined,
+      "held while its life lasts",
+    );
+    assert.equal((await long.read())?.holder.id, "killed");
+
+    await sleep(800);
+    assert.equal(await long.read(), undefined, "nobody holds a lease whose holder's life is over");
+    const next = await long.take({ ...holder("next"), ttl_ms: 30_000 });
+    assert.ok(next !== undefined && next > left, `taken at ${next} after ${left}`);
+    assert.equal((await long.read())?.holder.id, "next");
+    // A live holder's entry is never cleared: the one just taken stays, whoever asks.
+    assert.equal(await short.take({ ...holder("late"), ttl_ms: 500 }), undefined);
+    assert.ok(await long.release(next));
+  } finally {
+    await jsm.streams.delete(`KV_${bucket}`);
+    await nc.close();
+  }
+});

@@ -5,7 +5,7 @@
  */
 import type { NatsConnection } from "@nats-io/transport-node";
 import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
-import type { KV, KvWatchEntry } from "@nats-io/kv";
+import type { KV, KvEntry, KvWatchEntry } from "@nats-io/kv";
 import { Kvm, KvWatchInclude } from "@nats-io/kv";
 import type { QueuedIterator } from "@nats-io/transport-node";
 import type { HolderInfo, LeaseBackend, LeaseRecord } from "../../lease/lease.js";
@@ -15,6 +15,17 @@ export const leaseBucket = "mesh-controller_lease";
 const key = "holder";
 /** "Wrong last sequence": a create of a key that exists, or an update or delete on a stale revision. */
 const wrongLastSequence = 10071;
+
+/**
+ * Whether an entry has outlived the life its holder wrote into it. The bucket ages entries out by its own max_age,
+ * which a controller on longer timings raises for every entry, left ones included. Judged by this machine's clock
+ * against the broker's time of writing, as the SQL lease judges by the controllers' clocks: they must agree to
+ * well within the lease's margin, the time a holder stops acting before its life ends.
+ */
+function outlived(entry: KvEntry): boolean {
+  const life = entry.json<HolderInfo>().ttl_ms;
+  return typeof life === "number" && entry.created.getTime() + life <= Date.now();
+}
 
 export class NatsKvLease implements LeaseBackend {
   /** Watches the key for standbys, opened on first use. */
@@ -54,7 +65,18 @@ export class NatsKvLease implements LeaseBackend {
 
   async take(holder: HolderInfo): Promise<number | undefined> {
     const outcome = await this.unlessStale(() => this.kv.create(key, JSON.stringify(holder)));
-    return outcome.written ? outcome.revision : undefined;
+    if (outcome.written) return outcome.revision;
+    // Held — or left by a holder that stopped renewing, on a shorter life than the bucket keeps entries now.
+    const entry = await this.kv.get(key);
+    if (entry === null || entry.operation !== "PUT" || !outlived(entry)) return undefined;
+    // Cleared only if nothing was written since it was read, then taken as if given back.
+    const cleared = await this.unlessStale(async () => {
+      await this.kv.delete(key, { previousSeq: entry.revision });
+      return entry.revision;
+    });
+    if (!cleared.written) return undefined;
+    const retaken = await this.unlessStale(() => this.kv.create(key, JSON.stringify(holder)));
+    return retaken.written ? retaken.revision : undefined;
   }
 
   async renew(holder: HolderInfo, revision: number): Promise<number | undefined> {
@@ -72,7 +94,7 @@ export class NatsKvLease implements LeaseBackend {
 
   async read(): Promise<LeaseRecord | undefined> {
     const entry = await this.kv.get(key);
-    if (entry === null || entry.operation !== "PUT") return undefined;
+    if (entry === null || entry.operation !== "PUT" || outlived(entry)) return undefined;
     return { holder: entry.json<HolderInfo>(), revision: entry.revision };
   }
 
