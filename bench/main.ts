@@ -502,7 +502,7 @@ async function preload(
           items: [{ id: "file:/etc/bench", state: "applied" }],
           sent_at: at,
         });
-        await bus.publishReport(body, `${node}:${report_sequence}`);
+        await bus.publishReport(body);
       }
     },
   );

@@ -16,6 +16,11 @@ export interface ControlDelivery {
   redelivered: boolean;
   /** When the broker received it: liveness is about when a node spoke, not when we got round to reading it. */
   receivedAt: Date;
+  /**
+   * Set when the broker routed the message in a way its permissions did not check (RabbitMQ: `CC` headers add
+   * routing keys past the topic permissions), saying so; the handler refuses it.
+   */
+  misrouted?: string;
 }
 
 /** What a handler decided: `done` acknowledges (also for refused input), `retry` asks for a later redelivery. */
@@ -25,6 +30,8 @@ export type DeliveryOutcome = "done" | "retry";
 export interface EnrolRequest {
   node: string;
   body: Uint8Array;
+  /** As for a delivery: set when the broker routed the question past its permissions; it is refused. */
+  misrouted?: string;
 }
 
 /** The answer to an enrolment, and what to do once it is on its way (revoking the token's identity, say). */
@@ -74,10 +81,12 @@ export interface NodeBus {
   /** Delivers everything sent to the node's queue, in order, until closed. */
   consumeNode(handle: (message: NodeDelivery) => Promise<void>): Promise<void>;
   /**
-   * Sends a report towards the control plane's queue. It is not final until a receipt for it arrives; `id` lets
-   * the broker drop a repeat sent again in the meantime.
+   * Sends a report towards the control plane's queue. It is not final until a receipt for it arrives. It carries
+   * no message id for the broker to deduplicate by: on JetStream such ids are shared by every publisher of the
+   * stream, so a node could choose another node's next id and have that node's report dropped. A repeat is
+   * refused by the ordering rule instead.
    */
-  publishReport(body: Uint8Array, id: string): Promise<void>;
+  publishReport(body: Uint8Array): Promise<void>;
   publishAlive(body: Uint8Array): Promise<void>;
   /** Resolves when the connection is closed for good (closed by us, or refused by the broker). */
   closed(): Promise<Error | undefined>;

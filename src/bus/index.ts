@@ -60,6 +60,16 @@ export interface ControlIdentities extends BrokerIdentities {
    * meanwhile is always kept. Returns how many were deleted.
    */
   sweepTokens(keep: () => Promise<ReadonlySet<string>>): Promise<number>;
+  /**
+   * Whether token accounts live on the broker until deleted (RabbitMQ: no account expires by itself), so the
+   * control plane sweeps them at each token's expiry. False where a token's identity expires with it (NATS).
+   */
+  readonly sweepsTokens: boolean;
+  /**
+   * Ends one token's identity at once (`user` as kept for the token): on RabbitMQ its account is deleted, closing
+   * its connections. On NATS the revocation list that `revoke` pushes carries it; nothing is kept apart to end.
+   */
+  endToken(user: string): Promise<void>;
   /** Removes what the broker keeps for a retired node (its RabbitMQ queue). */
   forget(node: string): Promise<void>;
 }
@@ -212,7 +222,6 @@ export type { NatsBrokerIdentities } from "./nats/identities.js";
 export type { AmqpBrokerIdentities } from "./amqp/identities.js";
 export { parseAmqpUrl } from "./amqp/link.js";
 export { RabbitManagement } from "./amqp/management.js";
-export { tokenGraceMs } from "./amqp/identities.js";
 
 /** What a nats-server needs to serve this mesh: operator, system account, accounts to preload. */
 export async function brokerConfigFragment(

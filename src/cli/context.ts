@@ -72,17 +72,20 @@ export function signingIdentity(options: MeshOptions): SigningIdentity {
 }
 
 /**
- * Has the recorded broker refuse exactly the identities in `revoked` now. When the broker is not running, says so
- * on stderr: the control plane applies the same list when it starts.
+ * Has the recorded broker refuse exactly the identities in `revoked` now (and end the account of `endedToken`, the
+ * broker user of a token just revoked). When the broker is not running, says so on stderr: the control plane
+ * applies the same list when it starts.
  */
 export async function tellBroker(
   options: MeshOptions,
   revoked: ReadonlyMap<string, Date>,
   retired?: string,
+  endedToken?: string,
 ): Promise<void> {
   const broker = recordedBroker(options);
   if (broker === undefined) return;
   try {
+    if (endedToken !== undefined) await broker.endToken(endedToken);
     await broker.revoke(revoked);
     if (retired !== undefined) await broker.forget(retired);
   } catch (error) {

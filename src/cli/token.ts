@@ -5,7 +5,7 @@ import { issueToken, revokeToken } from "../control/tokens.js";
 import { MeshError, UsageError } from "../errors.js";
 import { nodeNameProblem } from "../link/index.js";
 import { tokenStatus } from "../store/index.js";
-import { currentRevocations } from "../control/revocations.js";
+import { brokerUserOf, currentRevocations } from "../control/revocations.js";
 import type { GlobalFlags } from "./context.js";
 import { optionsFrom, recordedBroker, signingIdentity, tellBroker, withStore } from "./context.js";
 import { stdoutOutput } from "./output.js";
@@ -87,9 +87,14 @@ export function registerTokenCommands(program: Command): void {
       if (!tokenId.test(id))
         throw new UsageError(`"${id}" is not a token id (they look like tok_0123456789ab)`);
       const options = optionsFrom(globals);
-      const { outcome, revoked } = await withStore(options, async (store) => {
+      const { outcome, revoked, user } = await withStore(options, async (store) => {
         const outcome = await revokeToken(store, id, new Date());
-        return { outcome, revoked: await currentRevocations(store, new Date()) };
+        const credential = (await store.tokens.find(id))?.brokerCredential ?? null;
+        return {
+          outcome,
+          revoked: await currentRevocations(store, new Date()),
+          user: credential === null ? undefined : brokerUserOf(credential),
+        };
       });
       switch (outcome) {
         case "unknown":
@@ -103,8 +108,9 @@ export function registerTokenCommands(program: Command): void {
           throw new MeshError("internal", `unexpected revoke outcome ${String(unknown)}`);
         }
       }
-      // The broker must refuse the token's identity now, not only at its expiry.
-      await tellBroker(options, revoked);
+      // The broker must refuse the token's identity before this command exits, not at its expiry nor at a sweep:
+      // on RabbitMQ its account is deleted here, on NATS its user key is in the revocations pushed.
+      await tellBroker(options, revoked, undefined, user);
       const out = stdoutOutput(globals.json === true);
       if (out.json) out.document({ id, status: "revoked" });
       else out.line(`revoked ${id}`);

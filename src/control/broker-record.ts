@@ -2,10 +2,11 @@
  * Which broker this mesh uses, recorded in the data dir on first start. Enrolled nodes hold the broker's address,
  * so the port chosen once is reused on every later start.
  */
-import { existsSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { z } from "zod";
 import { MeshError } from "../errors.js";
+import { writePrivateFile } from "../keys/index.js";
 
 const recordSchema = z.strictObject({
   url: z.string().min(1),
@@ -37,8 +38,6 @@ export function readBrokerRecord(dataDir: string): BrokerRecord | undefined {
 }
 
 export function writeBrokerRecord(dataDir: string, record: BrokerRecord): void {
-  const path = join(dataDir, fileName);
-  // Mode 0600: a RabbitMQ record holds an administrator's password.
-  writeFileSync(`${path}.tmp`, `${JSON.stringify(recordSchema.parse(record), null, 2)}\n`, { mode: 0o600 });
-  renameSync(`${path}.tmp`, path);
+  // Mode 0600 from its creation, like every file in the data dir: a RabbitMQ record holds an administrator's password.
+  writePrivateFile(join(dataDir, fileName), `${JSON.stringify(recordSchema.parse(record), null, 2)}\n`);
 }

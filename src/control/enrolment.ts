@@ -3,17 +3,19 @@
  * identity) and the public halves of the keys it made itself. The token is spent once; the node's claimed name is
  * never trusted — the token's node record wins and the reply says so. The node receives its own broker identity,
  * and the token's identity is revoked moments later, because a credential meant for one use must not live as long
- * as the node (the spent token is refused here from the first moment).
+ * as the node (the spent token is refused here from the first moment). A broker identity belongs to exactly one
+ * node: a key another node holds (or held) is refused, or retiring one node would revoke the other.
  */
 import type { BrokerIdentities, EnrolAnswer, EnrolRequest } from "../bus/index.js";
 import { TokenRefused } from "../errors.js";
 import type { SigningIdentity } from "../keys/index.js";
 import { encodeSigningPublicKey } from "../keys/index.js";
 import type { EnrolReply } from "../link/index.js";
-import { ContractError, encodeMessage, nodeQueue, parseEnrol } from "../link/index.js";
+import { boundText, ContractError, encodeMessage, nodeQueue, parseEnrol } from "../link/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
+import type { RefusalLedger } from "./refusals.js";
 import { spendToken } from "./tokens.js";
 
 export interface EnrolmentContext {
@@ -21,6 +23,8 @@ export interface EnrolmentContext {
   broker: BrokerIdentities;
   signing: SigningIdentity;
   log: Logger;
+  /** Tells refusals at most once a minute per node and kind (shared with ingest). */
+  refusals: RefusalLedger;
   now: () => Date;
   /** Sends a node its latest declaration, if it has one (a machine rebuilt and enrolled again). */
   resendLatest: (node: string) => Promise<void>;
@@ -30,6 +34,8 @@ export interface EnrolmentContext {
    * at once share one update.
    */
   revokeSoon: () => void;
+  /** The spent token's answer was sent: its broker account (RabbitMQ) ends once the joiner has read it. */
+  tokenSpent: (token: { brokerCredential: string | null }) => void;
 }
 
 export async function answerEnrolment(
@@ -42,43 +48,60 @@ export async function answerEnrolment(
     reply: encodeMessage({ kind: "enrol_reply", accepted: false, reason }),
   });
 
+  /** Counted always; told (logged, kept as an event) at most once a minute for this node. */
+  const tellRefusal = async (reason: string, detail?: Record<string, unknown>): Promise<void> => {
+    const event = context.refusals.note({ node: request.node, kind: "enrol", reason, detail }, now);
+    await store.transaction(async (tx) => {
+      await tx.counters.add(request.node, "enrol_refused");
+      if (event !== undefined) await tx.events.record(event);
+    });
+  };
+
+  if (request.misrouted !== undefined) {
+    await tellRefusal(request.misrouted);
+    return refuse(TokenRefused.text);
+  }
+
   let enrol;
   try {
     enrol = parseEnrol(request.body);
   } catch (error) {
     if (!(error instanceof ContractError)) throw error;
-    log.warn("enrol.malformed", { node: request.node, reason: error.reason });
-    await store.events.record({
-      at: now.toISOString(),
-      kind: "enrol.malformed",
-      node: null,
-      epoch: null,
-      detail: { subject_node: request.node, reason: error.reason },
-    });
-    return refuse(`enrolment refused: ${error.reason}`);
+    await tellRefusal(`malformed: ${error.reason}`);
+    return refuse(`enrolment refused: ${boundText(error.reason)}`);
   }
 
   // The broker vouches for the node it routed the question from (the subject, or the token account's user_id);
   // a question naming another node comes from a token string that was changed. Nothing is spent for it.
   if (enrol.node !== request.node) {
-    log.warn("enrol.token_refused", {
-      node: request.node,
-      reason: `the question names node ${enrol.node}, the broker says it comes from ${request.node}'s token`,
-    });
+    await tellRefusal(
+      `the question names node ${enrol.node}, the broker says it comes from this node's token`,
+    );
     return refuse(TokenRefused.text);
   }
 
   let token;
   try {
-    token = await spendToken(store, { id: enrol.token_id, secret: enrol.secret, node: request.node }, now);
+    token = await spendToken(
+      store,
+      { id: enrol.token_id, secret: enrol.secret, node: request.node },
+      now,
+      context.refusals,
+    );
   } catch (error) {
     if (!(error instanceof TokenRefused)) throw error;
-    log.warn("enrol.token_refused", { node: request.node, reason: error.reason });
+    return refuse(TokenRefused.text);
+  }
+
+  const node = token.node;
+  const held = await keyHeldElsewhere(store, node, enrol.keys.broker_user);
+  if (held !== undefined) {
+    // The token is spent: whoever presented it tried to borrow another node's identity.
+    await tellRefusal(held, { token: token.id });
     return refuse(TokenRefused.text);
   }
 
   try {
-    const node = token.node;
     const identity = await context.broker.forNode(node, enrol.keys.broker_user);
     // A machine enrolling again replaces its identity; the one before must not keep working.
     const before = await store.nodes.get(node);
@@ -113,6 +136,7 @@ export async function answerEnrolment(
       reply: encodeMessage(reply),
       afterReply: async () => {
         context.revokeSoon();
+        context.tokenSpent(token);
         await context.resendLatest(node);
       },
     };
@@ -121,4 +145,21 @@ export async function answerEnrolment(
     log.error("enrol.failed", { node: token.node, error: errorText(error) });
     return refuse("enrolment failed on the control plane; its log says why");
   }
+}
+
+/**
+ * Why `brokerUser` cannot be this node's identity — another node holds it, or it was revoked from one — or undefined
+ * when it can. The node's own current key may be presented again (a join retried on the same machine).
+ */
+async function keyHeldElsewhere(
+  store: Store,
+  node: string,
+  brokerUser: string | undefined,
+): Promise<string | undefined> {
+  if (brokerUser === undefined) return undefined;
+  const holder = await store.nodes.holderOfBrokerUser(brokerUser);
+  if (holder !== undefined && holder !== node) return `its broker key is node ${holder}'s identity`;
+  const revokedFrom = await store.revokedIdentities.nodeOf(brokerUser);
+  if (revokedFrom !== undefined) return `its broker key was node ${revokedFrom}'s identity, revoked`;
+  return undefined;
 }

@@ -1,13 +1,17 @@
 /**
  * What nodes send: reports (kept, in order, as each node's recovery copy) and alives (which only move
- * `last_seen`). Bad input is refused with a reason, counted, logged at most once a minute per node, and
- * acknowledged so it cannot poison the queue. Only a failure of our own (the store is down) asks for redelivery.
+ * `last_seen`). Bad input is refused with a reason, counted, told (logged and kept as an event) at most once a
+ * minute per node and kind, and acknowledged so it cannot poison the queue. Only a failure of our own (the store is
+ * down) asks for redelivery. A report must be about a declaration this control plane sent to that node: one naming
+ * an (epoch, sequence) never sent would otherwise be kept, and the node's genuine next report refused as older.
  */
 import type { ControlBus, ControlDelivery, DeliveryOutcome } from "../bus/index.js";
 import type { Receipt, Report } from "../link/index.js";
 import {
   accountOfReport,
+  boundText,
   ContractError,
+  emptyDigest,
   encodeMessage,
   judgeReport,
   parseAlive,
@@ -17,8 +21,15 @@ import type { ReportAccount } from "../link/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
 import type { AccountRecord, MeshEvent, NodeStanding, Store } from "../store/index.js";
-import { digestKey } from "../store/index.js";
+import { digestKey, sequenceKey } from "../store/index.js";
 import { resendLatest } from "./declarations.js";
+import { RefusalLedger } from "./refusals.js";
+
+/**
+ * The most bytes an alive may hold: it names a node, a time and what the node holds, a few hundred bytes. A larger
+ * one is refused by its size, before it is parsed (a report's bound is the contract's, checked before parsing too).
+ */
+export const aliveMaxBytes = 2048;
 
 export interface IngestContext {
   store: Store;
@@ -33,6 +44,8 @@ export interface IngestContext {
    * node behind a declaration made by another process is sent it at most this much later.
    */
   rememberForMs?: number;
+  /** Tells refusals at most once a minute per node and kind; shared with enrolment. Default: a ledger of its own. */
+  refusals?: RefusalLedger;
 }
 
 /** A value read from the store, and until when it is taken as still true. */
@@ -44,7 +57,7 @@ interface Remembered<T> {
 export class Ingest {
   /** `last_seen` times (ms) waiting for the next batched write. */
   private readonly seen = new Map<string, number>();
-  private readonly lastRefusalLog = new Map<string, number>();
+  private readonly refusals: RefusalLedger;
   private readonly lastResend = new Map<string, number>();
   private readonly enrolled = new Map<string, Remembered<NodeStanding>>();
   private readonly latestOrder = new Map<
@@ -55,7 +68,9 @@ export class Ingest {
   /** The last batch's receipts, until the broker has them. */
   private receiptsOnTheirWay: Promise<void> = Promise.resolve();
 
-  constructor(private readonly context: IngestContext) {}
+  constructor(private readonly context: IngestContext) {
+    this.refusals = context.refusals ?? new RefusalLedger(context.log);
+  }
 
   private remembered<T>(cache: Map<string, Remembered<T>>, node: string): Remembered<T> | undefined {
     const entry = cache.get(node);
@@ -136,6 +151,10 @@ export class Ingest {
         this.refuse(batch, "*", delivery.kind, "the subject names no valid node");
         continue;
       }
+      if (delivery.misrouted !== undefined) {
+        this.refuse(batch, node, delivery.kind, delivery.misrouted);
+        continue;
+      }
       // Only an enrolled node speaks: a retired node's identity may still be known to a broker that restarted.
       const record = records.get(node);
       if (record?.state !== "enrolled") {
@@ -203,8 +222,9 @@ export class Ingest {
     return records;
   }
 
-  /** Writes the batched `last_seen` times. */
+  /** Writes the batched `last_seen` times, and tells the refusals held back in windows that have ended. */
   async flush(): Promise<void> {
+    await this.context.store.events.recordMany(this.refusals.due(this.context.now()));
     if (this.seen.size === 0) return;
     const batch = new Map([...this.seen].map(([node, at]) => [node, new Date(at).toISOString()]));
     this.seen.clear();
@@ -212,6 +232,14 @@ export class Ingest {
   }
 
   private alive(batch: Batch, node: string, body: Uint8Array, spokeAt: number): void {
+    if (body.byteLength > aliveMaxBytes) {
+      return this.refuse(
+        batch,
+        node,
+        "alive",
+        `is ${body.byteLength} bytes, at most ${aliveMaxBytes} are allowed`,
+      );
+    }
     let alive;
     try {
       alive = parseAlive(body);
@@ -263,6 +291,11 @@ export class Ingest {
       ...reports.map(({ node, report }) => ({ node, digest: report.digest })),
       ...[...kept.values()].map(({ node, digest }) => ({ node, digest })),
     ]);
+    const sent = await store.declarations.atSequences(
+      reports.flatMap(({ node, report }) =>
+        report.sequence === undefined || report.sequence === 0 ? [] : [{ node, sequence: report.sequence }],
+      ),
+    );
     const now = batch.at.toISOString();
     for (const { node, report, text } of reports) {
       const keptRecord = kept.get(node);
@@ -279,6 +312,12 @@ export class Ingest {
         batch.receipt(node, report, "refused", judgement.reason);
         continue;
       }
+      const unsent = neverSent(node, report, sent, (digest) => orders.get(digestKey(node, digest)));
+      if (unsent !== undefined) {
+        this.refuse(batch, node, "report", unsent, "report_never_sent");
+        batch.receipt(node, report, "refused", unsent);
+        continue;
+      }
       const account: AccountRecord = {
         node,
         receivedAt: now,
@@ -289,23 +328,36 @@ export class Ingest {
         outcome: report.outcome,
         report: text,
       };
+      const before = kept.get(node);
       batch.accounts.push(account);
       kept.set(node, account);
-      if (report.outcome !== "applied") {
+      // Counted every time; told when the node's account of a declaration changes, not at every report saying the
+      // same again (a node retrying a failed item reports it each time): what one node can add to the trail is
+      // bounded by what it was sent.
+      const changed =
+        before === undefined ||
+        before.outcome !== account.outcome ||
+        before.epoch !== account.epoch ||
+        before.sequence !== account.sequence ||
+        before.digest !== account.digest;
+      if (report.outcome !== "applied")
         batch.counters.push({ node, name: `declarations_${report.outcome}`, by: 1 });
+      if (report.outcome !== "applied" && changed) {
+        const reason = boundText(report.reason ?? "");
         batch.events.push({
           at: now,
           kind: `declaration.${report.outcome}`,
           node,
           epoch: report.epoch ?? null,
-          detail: { reason: report.reason ?? "", sequence: report.sequence ?? null },
+          detail: { reason, sequence: report.sequence ?? null },
         });
-        this.context.log.warn(`node.declaration_${report.outcome}`, { node, reason: report.reason });
+        this.context.log.warn(`node.declaration_${report.outcome}`, { node, reason });
       }
       batch.receipt(node, report, "kept");
     }
   }
 
+  /** Counts a refusal always; tells it (log and event) at most once a minute per node and kind. */
   private refuse(
     batch: Batch,
     node: string,
@@ -314,23 +366,42 @@ export class Ingest {
     counter = `${kind}_refused`,
   ): void {
     batch.counters.push({ node, name: counter, by: 1 });
-    batch.events.push({
-      at: batch.at.toISOString(),
-      kind: `${kind}.refused`,
-      node: node === "*" ? null : node,
-      epoch: null,
-      detail: { reason },
-    });
-    const now = batch.at.getTime();
-    if (now - (this.lastRefusalLog.get(node) ?? -Infinity) >= 60_000) {
-      this.lastRefusalLog.set(node, now);
-      this.context.log.warn(`${kind}.refused`, {
-        node,
-        reason,
-        note: "further refusals for this node are counted, logged again in a minute",
-      });
-    }
+    const event = this.refusals.note({ node, kind, reason, detail: { counter } }, batch.at);
+    if (event !== undefined) batch.events.push(event);
   }
+}
+
+/**
+ * Why a report is about no declaration this control plane sent to its node, or undefined when it is about one. A
+ * node that has applied nothing yet reports sequence 0 with the empty digest. Declarations older than the node's
+ * kept history are no longer known, and a report about one is refused the same way (it is older than what was kept).
+ */
+function neverSent(
+  node: string,
+  report: Report,
+  sent: ReadonlyMap<string, { epoch: number; digest: string }>,
+  orderOfDigest: (digest: string) => { epoch: number; sequence: number } | undefined,
+): string | undefined {
+  if (report.sequence === undefined) {
+    if (report.digest === emptyDigest || orderOfDigest(report.digest) !== undefined) return undefined;
+    return `never sent: no declaration with digest ${report.digest} was sent to ${node}`;
+  }
+  if (report.sequence === 0) {
+    if (report.digest === emptyDigest) return undefined;
+    return `never sent: sequence 0 stands for no declaration, yet the report names digest ${report.digest}`;
+  }
+  const declaration = sent.get(sequenceKey(node, report.sequence));
+  if (
+    declaration !== undefined &&
+    declaration.epoch === report.epoch &&
+    declaration.digest === report.digest
+  ) {
+    return undefined;
+  }
+  return (
+    `never sent: no declaration at epoch ${report.epoch ?? "?"}, sequence ${report.sequence} ` +
+    `with digest ${report.digest} was sent to ${node} (or it is older than the history kept)`
+  );
 }
 
 /** The stored account in the form the ordering rules judge. */
@@ -366,7 +437,7 @@ class Batch {
         node,
         report_sequence: report.report_sequence,
         verdict,
-        ...(reason === undefined ? {} : { reason }),
+        ...(reason === undefined ? {} : { reason: boundText(reason) }),
       },
     });
   }

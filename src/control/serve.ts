@@ -7,7 +7,6 @@ import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
 import { join } from "node:path";
 import type { BrokerAccess } from "../bus/index.js";
-import { tokenGraceMs } from "../bus/index.js";
 import { openControlSide } from "../bus/index.js";
 import type { MeshOptions } from "../config/options.js";
 import { MeshError } from "../errors.js";
@@ -22,7 +21,10 @@ import { answerEnrolment } from "./enrolment.js";
 import { Ingest } from "./ingest.js";
 import { LivenessWatch } from "./liveness-watch.js";
 import { Metrics } from "./metrics.js";
-import { currentRevocations, retiredNodes, tokensToKeep } from "./revocations.js";
+import { RefusalLedger } from "./refusals.js";
+import { pruneEvents, pruneEventsEveryMs } from "./retention.js";
+import { currentRevocations, retiredNodes } from "./revocations.js";
+import { TokenSweep } from "./token-sweep.js";
 
 export interface ServeSettings {
   options: MeshOptions;
@@ -33,6 +35,8 @@ export interface ServeSettings {
   /** How often liveness is checked for crossings. */
   livenessEveryMs?: number;
   resendAfterMs?: number;
+  /** How often the store is looked at for a newly issued token that expires before the armed sweep. */
+  tokenLookEveryMs?: number;
 }
 
 export interface RunningControlPlane {
@@ -42,9 +46,6 @@ export interface RunningControlPlane {
   serving: Promise<void>;
   stop(): Promise<void>;
 }
-
-/** How long after an enrolment the broker's revocations are brought up to date. */
-const revokeAfterMs = 1000;
 
 export async function serve(settings: ServeSettings): Promise<RunningControlPlane> {
   const { options, log } = settings;
@@ -83,6 +84,8 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
     return false;
   };
 
+  /** Refusals of what nodes send, told at most once a minute per node and kind, by enrolment and ingest alike. */
+  const refusals = new RefusalLedger(log);
   const metrics = new Metrics();
   metrics.gauge("mesh_lease_held", "1 while this controller holds the lease and its gate is open", () =>
     holder.canAct() ? 1 : 0,
@@ -228,12 +231,19 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       await side.identities.revoke(await currentRevocations(store, now()));
       for (const node of await retiredNodes(store)) await side.identities.forget(node);
     };
-    // Token accounts that can no longer be spent (spent, revoked, expired) are deleted, now and every 5 s.
-    const sweepTokens = async () => {
-      const swept = await side.identities.sweepTokens(() => tokensToKeep(store, now(), tokenGraceMs));
-      if (swept > 0) log.info("tokens.swept", { accounts_deleted: swept });
-    };
-    await sweepTokens();
+    // Token accounts that can no longer be spent (spent, revoked, expired) are deleted: now, at each token's end,
+    // and periodically as the safety net.
+    const tokenSweep = new TokenSweep({
+      store,
+      identities: side.identities,
+      log,
+      now,
+      graceMs: options.tokenGraceMs,
+      sweepEveryMs: options.tokenSweepEveryMs,
+      lookEveryMs: settings.tokenLookEveryMs ?? 1000,
+    });
+    stoppers.push(() => tokenSweep.stop());
+    await tokenSweep.start();
     await syncRevocations();
     if (stopping) return;
     side.bus.onReconnect(() => {
@@ -242,7 +252,8 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
         (error: unknown) => log.error("broker.revocations_not_applied", { error: errorText(error) }),
       );
     });
-    // Enrolments ask for the revocations to be brought up to date a moment later; a burst of joins shares one.
+    // Enrolments ask for the revocations to be brought up to date once the joiner has had its answer (the token's
+    // grace); a burst of joins shares one.
     let revokeTimer: NodeJS.Timeout | undefined;
     let revoking: Promise<void> = Promise.resolve();
     const revokeSoon = () => {
@@ -254,7 +265,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
           .catch((error: unknown) =>
             log.error("broker.revocations_not_applied", { error: errorText(error) }),
           );
-      }, revokeAfterMs);
+      }, options.tokenGraceMs);
     };
     stoppers.push(async () => {
       clearTimeout(revokeTimer);
@@ -275,11 +286,13 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
             broker: side.identities,
             signing,
             log,
+            refusals,
             now,
             resendLatest: async (node) => {
               if (gate()) await resendLatest(store, side.bus, node);
             },
             revokeSoon,
+            tokenSpent: (token) => tokenSweep.spent(token),
           },
           request,
         );
@@ -298,6 +311,7 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       bus: side.bus,
       log,
       now,
+      refusals,
       resendAfterMs: settings.resendAfterMs ?? 5000,
     });
     ingest = running;
@@ -306,9 +320,13 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
       setInterval(() => {
         work().catch((error: unknown) => log.error(`${what}.failed`, { error: errorText(error) }));
       }, everyMs);
+    const prune = async () => {
+      await pruneEvents(store, options.events, now(), log);
+    };
+    await prune();
     timers.push(
       repeat("last_seen.flush", settings.flushEveryMs ?? 1000, () => running.flush()),
-      repeat("tokens.sweep", 5000, sweepTokens),
+      repeat("events.prune", pruneEventsEveryMs, prune),
       // Checked often enough that a crossing is seen within a quarter of the threshold (at most every 5 s).
       repeat(
         "liveness.check",

@@ -7,9 +7,10 @@ import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
 import type { BrokerIdentities } from "../bus/index.js";
 import type { TokenRefusalReason } from "../errors.js";
 import { TokenRefused } from "../errors.js";
-import { assertNodeName, encodeToken } from "../link/index.js";
+import { assertNodeName, boundText, encodeToken } from "../link/index.js";
 import type { Store, TokenRecord } from "../store/index.js";
 import { tokenStatus } from "../store/index.js";
+import type { RefusalLedger } from "./refusals.js";
 
 export interface IssuedToken {
   id: string;
@@ -80,18 +81,30 @@ export interface PresentedToken {
 
 /**
  * Spends a token for its node, once. Throws TokenRefused for every kind of refusal. Under concurrent spends of
- * one token exactly one caller succeeds: the final step is a compare-and-set in the store.
+ * one token exactly one caller succeeds: the final step is a compare-and-set in the store. Each refusal is kept in
+ * the audit trail; given `refusals` (the control plane's), at most once a minute per node, with the count.
  */
-export async function spendToken(store: Store, presented: PresentedToken, now: Date): Promise<TokenRecord> {
+export async function spendToken(
+  store: Store,
+  presented: PresentedToken,
+  now: Date,
+  refusals?: RefusalLedger,
+): Promise<TokenRecord> {
   const token = await store.tokens.find(presented.id);
   const refuse = async (reason: TokenRefusalReason): Promise<never> => {
-    await store.events.record({
-      at: now.toISOString(),
-      kind: "token.refused",
-      node: token?.node ?? null,
-      epoch: null,
-      detail: { token: presented.id, reason, presented_for: presented.node },
-    });
+    // The id is the presenter's text: kept only when it has the shape of an id, so it cannot fill the trail.
+    const detail = { token: boundText(presented.id, 64), presented_for: presented.node };
+    const event =
+      refusals === undefined
+        ? {
+            at: now.toISOString(),
+            kind: "token.refused",
+            node: token?.node ?? null,
+            epoch: null,
+            detail: { ...detail, reason },
+          }
+        : refusals.note({ node: presented.node, kind: "token", reason, detail }, now);
+    if (event !== undefined) await store.events.record(event);
     throw new TokenRefused(reason);
   };
   // The comparison runs even for an unknown id, so its timing says nothing about which ids exist.

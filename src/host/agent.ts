@@ -12,6 +12,7 @@ import type { KeyObject } from "node:crypto";
 import { decodeSigningPublicKey, openDeclaration } from "../keys/index.js";
 import type { Declaration, Report } from "../link/index.js";
 import {
+  boundText,
   emptyDigest,
   encodeMessage,
   parseDeclarationBytes,
@@ -310,6 +311,11 @@ export class Agent {
         kind: "report",
         node: this.node,
         ...fields,
+        // The contract bounds every reason; a tool's longer error is cut rather than the whole report refused.
+        ...(fields.reason === undefined ? {} : { reason: boundText(fields.reason) }),
+        items: fields.items.map((item) =>
+          item.reason === undefined ? item : { ...item, reason: boundText(item.reason) },
+        ),
         report_sequence: this.state.nextReportSequence(),
         sent_at: new Date().toISOString(),
       }),
@@ -320,7 +326,8 @@ export class Agent {
 
   /**
    * Sends a report towards the control plane. It stays pending on disk until the control plane's receipt arrives,
-   * and is sent again at each alive that finds it waited an interval since (the broker drops a repeat by its id).
+   * and is sent again at each alive that finds it waited an interval since (the control plane takes a repeat of
+   * the report it kept quietly).
    */
   private async send(text: string): Promise<void> {
     if (this.stopping) return;
@@ -328,7 +335,7 @@ export class Agent {
     const id = `${this.node}:${sequence ?? "unordered"}`;
     this.counters.reports++;
     const sentAt = this.clock();
-    await this.bus?.publishReport(new TextEncoder().encode(text), id).then(
+    await this.bus?.publishReport(new TextEncoder().encode(text)).then(
       () => (this.reportSentAt = sentAt),
       (error: unknown) => {
         // Not taken: the next alive sends it again.

@@ -33,7 +33,8 @@ export const signingKeyFile = "signing.key";
 export const signingPublicKeyFile = "signing.pub";
 
 const privateFileMode = 0o600;
-const publicFileMode = 0o644;
+// The public key is no secret, but it lives in the control plane's data dir, where every file is its owner's alone.
+const publicFileMode = 0o600;
 const keyDirectoryMode = 0o700;
 // Any permission for group or others, not only read: a key others can replace is as unsafe as one they can read.
 const notOwnerBits = 0o077;

@@ -2,6 +2,7 @@
  * The wire contract: every message kind and its schema, every name on the broker, the writers table compiled into
  * broker permissions, and the ordering rule for reports.
  */
+export { boundText, fitsBytes, reasonMaxBytes } from "./bounds.js";
 export { ContractError } from "./errors.js";
 export {
   anyNodeSubjectToken,

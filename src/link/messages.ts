@@ -1,5 +1,5 @@
 import { z } from "zod";
-
+import { fitsBytes, reasonMaxBytes } from "./bounds.js";
 import { nodeNamePattern } from "./names.js";
 
 /**
@@ -20,8 +20,11 @@ const timestamp = z.iso.datetime({
 /** A short piece of text from a machine or a person: a version, an OS name, a role. */
 const word = z.string().min(1).max(256);
 
-/** Why something failed or was refused; long enough for a tool's error output, bounded so one field cannot fill a message. */
-const reasonText = z.string().min(1).max(16_384);
+/** Why something failed or was refused: a tool's error line, bounded so what a node says cannot fill a disk or a log. */
+const reasonText = z
+  .string()
+  .min(1)
+  .refine((text) => fitsBytes(text), { error: `expected at most ${reasonMaxBytes} bytes of UTF-8` });
 
 /** True when `text` is the canonical base64 (or base64url, unpadded) spelling of exactly `length` bytes. */
 function encodesBytes(text: string, encoding: "base64" | "base64url", length: number): boolean {

@@ -194,9 +194,7 @@ export function rabbitPermissions(
   const named = group?.[0];
   const queue = named === undefined ? anyNodeQueuePattern : escapeRegex(nodeQueue(named));
   const routes = row.publishes.map((kind) => rabbitRoute(kind));
-  const readQueues = row.reads.map((place) =>
-    place === "control_queue" ? escapeRegex(controlQueue) : queue,
-  );
+  const readQueues = row.reads.flatMap((place) => rabbitReadQueues(place, queue));
   const boundKeys = row.reads.includes("control_queue") ? controlQueueKinds.map(routingKeyPattern) : [];
 
   const configure: string[] = [];
@@ -218,6 +216,24 @@ export function rabbitPermissions(
       read: anchored(boundKeys),
     },
   };
+}
+
+/** The queues (as regexes) a place is on RabbitMQ, given the regex of the node queue in scope. */
+function rabbitReadQueues(place: Place, nodeQueuePattern: string): string[] {
+  switch (place) {
+    case "control_queue":
+      return [escapeRegex(controlQueue)];
+    case "node_queue":
+      return [nodeQueuePattern];
+    case "node_replies":
+      // Answers come by direct reply-to, the asking channel's own pseudo-queue, which needs no read permission.
+      // Read on the node's queue here would let a token for an enrolled node take that node's declarations.
+      return [];
+    default: {
+      const unknown: never = place;
+      throw new ContractError(`no queue for place ${String(unknown)}`);
+    }
+  }
 }
 
 /** The exchange a kind is published to and, on the topic exchange, the regex of its routing key. */

@@ -122,6 +122,39 @@ export class DeclarationQueries {
     return orders;
   }
 
+  /**
+   * The epoch and digest of each kept declaration at one of these (node, sequence) places, by `sequenceKey`: whether
+   * a report names a declaration that was sent. A sequence is unique per node, across epochs.
+   */
+  async atSequences(
+    wanted: readonly { node: string; sequence: number }[],
+  ): Promise<Map<string, { epoch: number; digest: string }>> {
+    const found = new Map<string, { epoch: number; digest: string }>();
+    const keys = new Set(wanted.map(({ node, sequence }) => sequenceKey(node, sequence)));
+    for (const slice of slices([...new Set(wanted.map(({ node }) => node))])) {
+      const inSlice = new Set(slice);
+      const sequences = [
+        ...new Set(wanted.filter(({ node }) => inSlice.has(node)).map(({ sequence }) => sequence)),
+      ];
+      const { rows } = await this.statements.run(
+        this.db,
+        `declarations.at.${slice.length}.${sequences.length}`,
+        [...slice, ...sequences],
+        () =>
+          this.db
+            .selectFrom("declarations")
+            .select(["node", "sequence", "epoch", "digest"])
+            .where("node", "in", slice)
+            .where("sequence", "in", sequences),
+      );
+      for (const row of rows) {
+        const key = sequenceKey(row.node, row.sequence);
+        if (keys.has(key)) found.set(key, { epoch: row.epoch, digest: row.digest });
+      }
+    }
+    return found;
+  }
+
   /** The (epoch, sequence) of each of these nodes' latest declaration; nodes never declared to are absent. */
   async latestOrders(nodes: readonly string[]): Promise<Map<string, { epoch: number; sequence: number }>> {
     const orders = new Map<string, { epoch: number; sequence: number }>();
@@ -141,6 +174,11 @@ export class DeclarationQueries {
     }
     return orders;
   }
+}
+
+/** The key `atSequences` answers under. */
+export function sequenceKey(node: string, sequence: number): string {
+  return `${node}\n${sequence}`;
 }
 
 /** The key `ordersOfDigests` answers under. */

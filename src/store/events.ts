@@ -69,6 +69,29 @@ export class EventQueries {
     return new Map(rows.flatMap(({ node, kind }) => (node === null ? [] : [[node, kind]])));
   }
 
+  /**
+   * The retention of the audit trail: deletes the events recorded before `before`, and all but the newest
+   * `keepAtMost`. Returns how many went.
+   */
+  async prune(retention: { before: string; keepAtMost: number }): Promise<number> {
+    return inTransaction(this.db, async (trx) => {
+      const old = await trx.deleteFrom("events").where("at", "<", retention.before).executeTakeFirst();
+      // Ids only grow, so the newest events are those above the id `keepAtMost` places from the top.
+      const boundary = await trx
+        .selectFrom("events")
+        .select("id")
+        .orderBy("id", "desc")
+        .limit(1)
+        .offset(retention.keepAtMost)
+        .executeTakeFirst();
+      const surplus =
+        boundary === undefined
+          ? undefined
+          : await trx.deleteFrom("events").where("id", "<=", boundary.id).executeTakeFirst();
+      return Number(old.numDeletedRows) + Number(surplus?.numDeletedRows ?? 0n);
+    });
+  }
+
   /** The newest `limit` events, oldest first, optionally of one node. */
   async list(options: { limit: number; node?: string }): Promise<StoredEvent[]> {
     let query = this.db.selectFrom("events").selectAll().orderBy("id", "desc").limit(options.limit);

@@ -174,6 +174,19 @@ const eventsByNode: NumberedMigration = () => ({
   },
 });
 
+/**
+ * A broker identity belongs to exactly one node: enrolment refuses a key another node holds, and the store refuses
+ * it too, so two enrolments racing with one key cannot both land (retiring either would revoke the other).
+ */
+const oneNodePerBrokerUser: NumberedMigration = () => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema.createIndex("nodes_broker_user").on("nodes").column("broker_user").unique().execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema.dropIndex("nodes_broker_user").execute();
+  },
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
@@ -181,6 +194,7 @@ const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0004_controller_lease", controllerLease],
   ["0005_controller_no_epoch", controllerNoEpoch],
   ["0006_events_by_node", eventsByNode],
+  ["0007_one_node_per_broker_user", oneNodePerBrokerUser],
 ];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {

@@ -55,6 +55,16 @@ export class NodeQueries {
     return rows.map((row) => row.name);
   }
 
+  /** The node whose broker identity this is (enrolled, invited again or retired), if any. */
+  async holderOfBrokerUser(brokerUser: string): Promise<string | undefined> {
+    const row = await this.db
+      .selectFrom("nodes")
+      .select("name")
+      .where("broker_user", "=", brokerUser)
+      .executeTakeFirst();
+    return row?.name;
+  }
+
   async get(name: string): Promise<NodeRecord | undefined> {
     const row = await this.db.selectFrom("nodes").selectAll().where("name", "=", name).executeTakeFirst();
     return row === undefined ? undefined : toRecord(row);

@@ -2,7 +2,7 @@
  * Opening the store: SQLite (one file, zero set-up) or PostgreSQL (several controllers), migrated on open.
  * Driver errors are turned into StoreError here, with the driver's error as the cause.
  */
-import { mkdirSync } from "node:fs";
+import { closeSync, mkdirSync, openSync } from "node:fs";
 import { dirname } from "node:path";
 import SqliteDatabase from "better-sqlite3";
 import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from "kysely";
@@ -95,9 +95,9 @@ export async function openStore(url: string, options: StoreOptions): Promise<Sto
 async function connect(location: StoreLocation, url: string): Promise<Kysely<Database>> {
   switch (location.dialect) {
     case "sqlite": {
-      if (location.path !== ":memory:") mkdirSync(dirname(location.path), { recursive: true });
       let file: SqliteDatabase.Database;
       try {
+        if (location.path !== ":memory:") createPrivately(location.path);
         file = new SqliteDatabase(location.path);
       } catch (error) {
         throw new StoreError(`cannot open the store at ${url}: ${describe(error)}`, { cause: error });
@@ -148,6 +148,17 @@ async function migrate(db: Kysely<Database>, location: StoreLocation): Promise<v
     const failed = results?.find((result) => result.status === "Error")?.migrationName ?? "unknown";
     throw new StoreError(`store migration ${failed} failed: ${describe(error)}`, { cause: error });
   }
+}
+
+/**
+ * The store holds declarations' content: its file is created 0600 (its directory 0700 when made here) before SQLite
+ * opens it, whatever the directory's mode and the umask. SQLite gives the `-wal` and `-shm` files the mode of the
+ * main file. A file already there keeps the mode it has.
+ */
+function createPrivately(path: string): void {
+  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
+  // "a": created with the mode if absent, opened untouched (neither truncated nor re-moded) if present.
+  closeSync(openSync(path, "a", 0o600));
 }
 
 function describe(error: unknown): string {

@@ -13,6 +13,16 @@ export class RevokedIdentityQueries {
       .execute();
   }
 
+  /** The node this identity was revoked from, if it was. */
+  async nodeOf(brokerUser: string): Promise<string | undefined> {
+    const row = await this.db
+      .selectFrom("revoked_identities")
+      .select("node")
+      .where("broker_user", "=", brokerUser)
+      .executeTakeFirst();
+    return row?.node;
+  }
+
   async list(): Promise<Array<{ brokerUser: string; node: string; since: string }>> {
     const rows = await this.db.selectFrom("revoked_identities").selectAll().orderBy("since").execute();
     return rows.map((row) => ({ brokerUser: row.broker_user, node: row.node, since: row.since }));

@@ -109,6 +109,22 @@ export class TokenQueries {
     return result.numUpdatedRows === 1n;
   }
 
+  /**
+   * When the next token that carries a broker identity expires: the earliest expiry among tokens neither spent,
+   * revoked nor expired at `now`. Undefined when there is none.
+   */
+  async nextExpiry(now: Date): Promise<string | undefined> {
+    const row = await this.db
+      .selectFrom("tokens")
+      .select((eb) => eb.fn.min<string | null>("expires_at").as("next"))
+      .where("spent_at", "is", null)
+      .where("revoked_at", "is", null)
+      .where("broker_credential", "is not", null)
+      .where("expires_at", ">", now.toISOString())
+      .executeTakeFirst();
+    return row?.next ?? undefined;
+  }
+
   /** Keeps the broker identity minted for a token, so it can be revoked when the token ends. */
   async setBrokerCredential(id: string, credential: string): Promise<void> {
     await this.db.updateTable("tokens").set({ broker_credential: credential }).where("id", "=", id).execute();

@@ -409,6 +409,61 @@ for (const backend of storeBackends) {
       assert.equal(last[0]?.kind, "test.three");
     });
 
+    test("events — the retention deletes what is older than its age, then all but the newest it keeps", async () => {
+      const own = await backend.fresh();
+      const fresh = await openStore(own.url, options);
+      try {
+        for (let second = 0; second < 10; second += 1) {
+          await fresh.events.record({
+            at: at(second),
+            kind: `test.${second}`,
+            node: null,
+            epoch: null,
+            detail: {},
+          });
+        }
+        assert.equal(await fresh.events.prune({ before: at(3), keepAtMost: 100 }), 3);
+        assert.equal(await fresh.events.prune({ before: at(0), keepAtMost: 4 }), 3);
+        assert.deepEqual(
+          (await fresh.events.list({ limit: 100 })).map((event) => event.kind),
+          ["test.6", "test.7", "test.8", "test.9"],
+        );
+        assert.equal(await fresh.events.prune({ before: at(0), keepAtMost: 4 }), 0);
+      } finally {
+        await fresh.close();
+        await own.cleanup();
+      }
+    });
+
+    test("nodes — a broker identity belongs to one node: the store refuses a second node enrolling with it", async () => {
+      const own = await backend.fresh();
+      const fresh = await openStore(own.url, options);
+      try {
+        for (const [id, node] of [
+          ["tok_0000000000c1", "own-1"],
+          ["tok_0000000000c2", "own-2"],
+        ] as const) {
+          await fresh.tokens.issue({ id, node, secretHash: id, createdAt: at(0), expiresAt: at(60) });
+        }
+        const enrolment = {
+          signingKey: "s",
+          overlayKey: "o",
+          brokerUser: "USHARED",
+          profile: "{}",
+          at: at(1),
+        };
+        await fresh.nodes.enrol("own-1", enrolment);
+        await assert.rejects(fresh.nodes.enrol("own-2", enrolment));
+        assert.equal(await fresh.nodes.holderOfBrokerUser("USHARED"), "own-1");
+        assert.equal((await fresh.nodes.get("own-2"))?.state, "invited");
+        // The holder itself may enrol again with the same key (a join retried on the same machine).
+        await fresh.nodes.enrol("own-1", { ...enrolment, at: at(2) });
+      } finally {
+        await fresh.close();
+        await own.cleanup();
+      }
+    });
+
     test("controller_epoch — the floor is the highest epoch ever taken", async () => {
       assert.equal(await store.epochs.floor(), 0);
       await store.epochs.record(4, "ctl-a", at(1));

@@ -61,9 +61,10 @@ describe("agent — a pending report sent again", () => {
       joined_at: new Date().toISOString(),
     });
     const bus = {
-      publishReport: (_body: Uint8Array, id: string) => {
+      publishReport: (body: Uint8Array) => {
         if (refuse) return Promise.reject(new Error("the broker is away"));
-        reports.push(id);
+        const report = JSON.parse(Buffer.from(body).toString()) as { node: string; report_sequence: number };
+        reports.push(`${report.node}:${report.report_sequence}`);
         return Promise.resolve();
       },
       publishAlive: () => {

@@ -48,6 +48,21 @@ interface Arrived {
 
 const isEnrol = (message: ConsumeMessage) => message.fields.routingKey === controlRoutingKey("enrol");
 
+/**
+ * RabbitMQ checks topic permissions against a message's routing key only: `CC` and `BCC` headers route it to further
+ * keys unchecked. A message that carries them is refused, whatever it says. (`BCC` is taken off before delivery, so
+ * only `CC` can be seen here: a BCC copy arrives as an exact repeat under the checked key, which the ordering rule
+ * and the single-use token already refuse.)
+ */
+function misrouted(message: ConsumeMessage): { misrouted: string } | Record<string, never> {
+  const headers = (message.properties.headers ?? {}) as Record<string, unknown>;
+  const extra = ["CC", "BCC"].filter((name) => headers[name] !== undefined);
+  if (extra.length === 0) return {};
+  return {
+    misrouted: `it carried ${extra.join(" and ")} header(s), which route a message past the broker's topic permissions`,
+  };
+}
+
 export class AmqpControlBus implements ControlBus {
   private readonly publisher: PublishChannel;
   private answer: ((request: EnrolRequest) => Promise<EnrolAnswer>) | undefined;
@@ -168,6 +183,7 @@ export class AmqpControlBus implements ControlBus {
       body: message.content,
       redelivered: message.fields.redelivered,
       receivedAt: new Date(Math.min(now, stamped)),
+      ...misrouted(message),
     };
   }
 
@@ -184,7 +200,11 @@ export class AmqpControlBus implements ControlBus {
       return "done";
     }
     if (this.answer === undefined) return "retry";
-    const { reply, afterReply } = await this.answer({ node: user.node, body: message.content });
+    const { reply, afterReply } = await this.answer({
+      node: user.node,
+      body: message.content,
+      ...misrouted(message),
+    });
     await this.publisher.publish(defaultExchange, replyTo, reply, {
       correlationId: message.properties.correlationId as string | undefined,
     });

@@ -14,13 +14,13 @@ import type { BrokerIdentities, NodeCredential, TokenCredential } from "../bus.j
 import { BusError } from "../errors.js";
 import type { AmqpAddress } from "./link.js";
 import type { RabbitManagement } from "./management.js";
+import { boundControlQueue } from "./management.js";
 import { MeshUsers } from "./users.js";
-
-/** How long a token's account outlives the token's end, for the joiner to read its reply. */
-export const tokenGraceMs = 5000;
 
 export class AmqpBrokerIdentities implements BrokerIdentities {
   readonly users: MeshUsers;
+  /** RabbitMQ has no account expiry: a token's account is deleted by the control plane. */
+  readonly sweepsTokens = true;
 
   constructor(
     private readonly management: RabbitManagement,
@@ -85,18 +85,24 @@ export class AmqpBrokerIdentities implements BrokerIdentities {
   }
 
   /**
-   * Deletes every listed account that still exists; deleting closes its connections at once. A token's account
-   * is left for a short grace after it ended: the joiner is still reading its enrol reply on that account's
-   * connection, and closing it would lose the reply. The token sweep deletes it after the grace.
+   * Deletes every listed node account that still exists; deleting closes its connections at once. Token accounts
+   * are not deleted here: a spent token's joiner may still be reading its enrol reply on that account's connection.
+   * They end by `endToken` (at revoke, and once the joiner had its answer) and by the token sweep.
    */
-  async revoke(revoked: ReadonlyMap<string, Date>, now = new Date()): Promise<void> {
+  async revoke(revoked: ReadonlyMap<string, Date>): Promise<void> {
     if (revoked.size === 0) return;
-    const due = (await this.management.users()).filter((user) => {
-      const since = revoked.get(user);
-      if (since === undefined) return false;
-      return this.users.tokenIdOf(user) === undefined || now.getTime() - since.getTime() >= tokenGraceMs;
-    });
+    const due = (await this.management.users()).filter(
+      (user) => revoked.has(user) && this.users.tokenIdOf(user) === undefined,
+    );
     await this.management.deleteUsers(due);
+  }
+
+  /** Deletes one token's account, closing its connections; an account already gone is not an error. */
+  async endToken(user: string): Promise<void> {
+    if (this.users.tokenIdOf(user) === undefined) {
+      throw new BusError("internal", `${user} is not a token account of this mesh`);
+    }
+    await this.management.deleteUser(user);
   }
 
   /**
@@ -133,6 +139,7 @@ export class AmqpBrokerIdentities implements BrokerIdentities {
     }
     const password = readPrivateFile(file).trim();
     await this.management.ensureVhost(this.vhost);
+    await boundControlQueue(this.management, this.vhost);
     await this.management.putUser(this.users.control, password);
     await this.management.setPermissions(this.vhost, this.users.control, rabbitPermissions("control"));
     return { username: this.users.control, password };

@@ -3,7 +3,9 @@
  * and the vhost. Every failure names the call and what the broker answered.
  */
 import { BusError } from "../errors.js";
+import { controlQueue, escapeRegex } from "../../link/index.js";
 import type { RabbitPermissions } from "../../link/index.js";
+import { controlQueueBacklogBytes } from "../../link/limits.js";
 
 export class RabbitManagement {
   private readonly base: string;
@@ -38,6 +40,18 @@ export class RabbitManagement {
 
   async ensureVhost(vhost: string): Promise<void> {
     await this.call("PUT", `/vhosts/${enc(vhost)}`, {});
+  }
+
+  /**
+   * Creates or replaces a policy on the vhost: `definition` applies to the queues whose name matches `pattern`, also
+   * those that already exist (queue arguments cannot change once a queue is declared; a policy can).
+   */
+  async putQueuePolicy(
+    vhost: string,
+    name: string,
+    policy: { pattern: string; priority: number; definition: Readonly<Record<string, string | number>> },
+  ): Promise<void> {
+    await this.call("PUT", `/policies/${enc(vhost)}/${enc(name)}`, { ...policy, "apply-to": "queues" });
   }
 
   async deleteVhost(vhost: string): Promise<void> {
@@ -193,6 +207,29 @@ export class RabbitManagement {
       `the RabbitMQ management API refused ${method} ${path.split("?")[0]}: ${response.status} ${text}`,
     );
   }
+}
+
+/** The policy that bounds the control queue; its name says whose it is on a vhost an operator may also use. */
+export const controlQueuePolicy = "mesh-control-queue-bounds";
+
+/**
+ * Bounds what the control queue holds, for a queue already declared as for one to come. RabbitMQ 3.10 has no
+ * per-vhost, per-user or per-queue limit on one message's size (only the server-wide `max_message_size`, 128 MiB by
+ * default), so the control plane bounds the queue's total instead, and a publish that would go past it is refused
+ * (nacked to the node, whose agent sends its report again later) rather than pushing out what other nodes sent
+ * before it. A single message larger than the bound is refused even by an empty queue.
+ */
+export async function boundControlQueue(
+  management: RabbitManagement,
+  vhost: string,
+  /** The bound; tests give a small one so as not to fill gigabytes to reach it. */
+  bytes: number = controlQueueBacklogBytes,
+): Promise<void> {
+  await management.putQueuePolicy(vhost, controlQueuePolicy, {
+    pattern: `^${escapeRegex(controlQueue)}$`,
+    priority: 0,
+    definition: { "max-length-bytes": bytes, overflow: "reject-publish" },
+  });
 }
 
 /** The user a bulk delete stopped at: the broker answers `{"reason": ["no_such_user", name]}`. */

@@ -81,11 +81,10 @@ export class AmqpNodeBus implements NodeBus {
     await queue;
   }
 
-  async publishReport(body: Uint8Array, id: string): Promise<void> {
+  async publishReport(body: Uint8Array): Promise<void> {
     await this.publisher.publish(meshExchange, controlRoutingKey("report"), body, {
       persistent: true,
       userId: this.user,
-      messageId: id,
       timestamp: Math.floor(Date.now() / 1000),
       contentType: "application/json",
     });

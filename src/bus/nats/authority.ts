@@ -15,6 +15,7 @@ import { Codec } from "@nats-io/nkeys/lib/codec.js";
 import { readPrivateFile, signingPrivateKeyFromSeed, writePrivateFile } from "../../keys/index.js";
 import type { Role } from "../../link/index.js";
 import { natsPermissions } from "../../link/index.js";
+import { largestBrokerMessage, messageLimit, subscriptionLimit } from "../../link/limits.js";
 
 /** The three keys the control plane holds to run a NATS server in operator mode. */
 export interface NatsAuthority {
@@ -103,7 +104,10 @@ export function operatorJwt(authority: NatsAuthority): Promise<string> {
   );
 }
 
-/** The mesh's account: JetStream enabled without limits, and the current revocations. */
+/**
+ * The mesh's account: JetStream without limits of its own (the streams carry theirs), each message at most the
+ * broker's largest, and the current revocations.
+ */
 export function accountJwt(authority: NatsAuthority, revocations: Revocations = {}): Promise<string> {
   return encodeAccount(
     names.account,
@@ -114,9 +118,15 @@ export function accountJwt(authority: NatsAuthority, revocations: Revocations = 
         disk_storage: -1,
         streams: -1,
         consumer: -1,
+        // Account-wide totals, shared by every identity: a limit here would let one node's connections or
+        // subscriptions use up the fleet's and lock out every other node and the control plane (measured with
+        // conn: the control plane was refused). Each user JWT carries its own subscription limit instead.
         subs: -1,
         conn: -1,
-        payload: -1,
+        // Per message, on every connection of the account: it also covers a node whose user JWT was minted before
+        // user JWTs carried a payload limit.
+        payload: largestBrokerMessage,
+        // nats-server 2.9.10 enforces no data limit (measured: 90 kB went through a limit of 1,000 bytes).
         data: -1,
       },
       revocations: { ...revocations },
@@ -147,14 +157,25 @@ export interface UserGrant {
   expiresAt?: Date;
 }
 
-/** Mints a user JWT in the mesh's account with exactly the permissions the writers table gives the role. */
+/**
+ * Mints a user JWT in the mesh's account with exactly the permissions the writers table gives the role, and the
+ * role's limits (src/link/limits.ts): how many subscriptions one connection may hold and how large a message may
+ * be. A user JWT cannot limit how many connections its holder opens.
+ */
 export function userJwt(authority: NatsAuthority, grant: UserGrant): Promise<string> {
   const permissions = natsPermissions(grant.role, grant.node);
+  const nodes = grant.node === undefined ? 0 : typeof grant.node === "string" ? 1 : grant.node.length;
   return encodeUser(
     grant.name,
     grant.userPublicKey,
     fastSigner(authority.account),
-    { pub: permissions.pub, sub: permissions.sub },
+    {
+      pub: permissions.pub,
+      sub: permissions.sub,
+      subs: subscriptionLimit(grant.role, nodes) ?? -1,
+      payload: messageLimit(grant.role) ?? -1,
+      data: -1,
+    },
     {
       ...v2,
       ...(grant.expiresAt === undefined ? {} : { exp: Math.floor(grant.expiresAt.getTime() / 1000) }),

@@ -11,6 +11,7 @@ import {
   DeliverPolicy,
   DiscardPolicy,
   jetstream,
+  JetStreamApiError,
   jetstreamManager,
   RetentionPolicy,
   StorageType,
@@ -23,6 +24,12 @@ import {
   readControlSubject,
   receiptSubject,
 } from "../../link/index.js";
+import {
+  largestBrokerMessage,
+  reportBacklogBytes,
+  reportDuplicateWindowMs,
+  reportsKeptPerNode,
+} from "../../link/limits.js";
 import type { Logger } from "../../log.js";
 import { errorText } from "../../log.js";
 import { inBatches } from "../batches.js";
@@ -72,13 +79,19 @@ export class NatsControlBus implements ControlBus {
       retention: RetentionPolicy.Workqueue,
       storage: StorageType.File,
       max_age: nanos(this.options.keepForMs),
+      // Refused at the door: nothing larger than the broker's largest message is stored (headers counted).
+      max_msg_size: largestBrokerMessage,
     };
-    // Reports, each kept until processed; a repeat id within the window is dropped by the server.
+    // Reports, each kept until processed, a few per node: a node's newer report pushes out its own oldest, and the
+    // stream as a whole is bounded (src/link/limits.ts says why each number).
     await ensureStream(jsm, {
       ...common,
       name: controlStream,
       subjects: [natsPattern.toControl("report", "*")],
-      duplicate_window: nanos(120_000),
+      max_msgs_per_subject: reportsKeptPerNode,
+      max_bytes: reportBacklogBytes,
+      discard: DiscardPolicy.Old,
+      duplicate_window: nanos(reportDuplicateWindowMs),
     });
     // Alives apart, and only the newest per node: during an outage the queue holds one per node, not one per
     // interval, and reports never wait behind a backlog of alives.
@@ -207,20 +220,55 @@ export class NatsControlBus implements ControlBus {
   }
 }
 
-/** Creates a stream, or brings an existing one to this config (subjects included). */
+/**
+ * Creates a stream, or brings an existing one to this config (subjects and limits included). A lower per-subject
+ * limit holds only for what is stored from then on (2.9.10 trims one old message per new one), so a subject over it
+ * is trimmed here to its newest messages.
+ */
 async function ensureStream(
   jsm: JetStreamManager,
   config: Partial<StreamConfig> & { name: string },
 ): Promise<void> {
-  const exists = await jsm.streams.info(config.name).then(
-    () => true,
+  const existing = await jsm.streams.info(config.name).then(
+    (info) => info,
     (error: unknown) => {
-      if (isNotFound(error)) return false;
+      if (isNotFound(error)) return undefined;
       throw new BusError("broker", `cannot read stream ${config.name}`, { cause: error });
     },
   );
-  if (exists) await jsm.streams.update(config.name, config);
-  else await jsm.streams.add(config);
+  try {
+    if (existing === undefined) {
+      await jsm.streams.add(config);
+      return;
+    }
+    await jsm.streams.update(config.name, config);
+  } catch (error) {
+    throw streamRefused(config, error);
+  }
+  const keep = config.max_msgs_per_subject ?? -1;
+  const before = existing.config.max_msgs_per_subject;
+  if (keep > 0 && (before <= 0 || before > keep)) await trimSubjects(jsm, config.name, keep);
+}
+
+/** Purges every subject of the stream holding more than `keep` messages down to its newest `keep`. */
+async function trimSubjects(jsm: JetStreamManager, stream: string, keep: number): Promise<void> {
+  const { state } = await jsm.streams.info(stream, { subjects_filter: ">" });
+  for (const [subject, count] of Object.entries(state.subjects ?? {})) {
+    if (count > keep) await jsm.streams.purge(stream, { filter: subject, keep });
+  }
+}
+
+/** The broker's refusal of a stream's config, saying which stream and, where it helps, what to do. */
+function streamRefused(config: Partial<StreamConfig> & { name: string }, error: unknown): BusError {
+  const reason = errorText(error);
+  // 10047: the server cannot set aside the stream's max_bytes within its JetStream storage.
+  const fix =
+    error instanceof JetStreamApiError && error.code === 10047
+      ? `: it sets aside ${config.max_bytes ?? -1} bytes of disk; free disk or raise the server's jetstream max_file_store`
+      : "";
+  return new BusError("broker", `the broker refused stream ${config.name} (${reason})${fix}`, {
+    cause: error,
+  });
 }
 
 function isNotFound(error: unknown): boolean {

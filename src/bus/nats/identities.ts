@@ -70,8 +70,18 @@ export class NatsBrokerIdentities implements BrokerIdentities {
   }
 
   /** A token's JWT expires with the token: the server itself refuses it from then on, nothing to sweep. */
+  readonly sweepsTokens = false;
+
   async sweepTokens(): Promise<number> {
     return Promise.resolve(0);
+  }
+
+  /**
+   * A token's identity ends on NATS by its user key in the account's revocations, which `revoke` pushes as one
+   * whole list (the token's key among them, from the store): nothing here could push it alone.
+   */
+  async endToken(): Promise<void> {
+    await Promise.resolve();
   }
 
   /** Nothing on NATS belongs to one node but its subjects, which need no removing. */

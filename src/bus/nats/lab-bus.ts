@@ -4,7 +4,6 @@
  * writers table's `lab` role for exactly that group: each node's own subjects, and no other node's.
  */
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import { headers } from "@nats-io/transport-node";
 import { controlSubject, declarationSubject, nodeSubjects, receiptSubject } from "../../link/index.js";
 import type { NodeBus, NodeDelivery } from "../bus.js";
 import { MeshError } from "../../errors.js";
@@ -124,11 +123,9 @@ class SharedNodeBus implements NodeBus {
     }
   }
 
-  publishReport(body: Uint8Array, id: string): Promise<void> {
-    const header = headers();
-    header.set("Nats-Msg-Id", id);
+  publishReport(body: Uint8Array): Promise<void> {
     try {
-      this.nc.publish(controlSubject("report", this.node), body, { headers: header });
+      this.nc.publish(controlSubject("report", this.node), body);
     } catch (error) {
       return Promise.reject(asBusError(error, "the broker"));
     }

@@ -1,6 +1,6 @@
 /** A node on NATS: its own identity, its own subjects, and nothing else (the server enforces that). */
 import type { NatsConnection } from "@nats-io/transport-node";
-import { headers, PermissionViolationError } from "@nats-io/transport-node";
+import { PermissionViolationError } from "@nats-io/transport-node";
 import {
   controlSubject,
   declarationSubject,
@@ -57,12 +57,10 @@ export class NatsNodeBus implements NodeBus {
     }
   }
 
-  async publishReport(body: Uint8Array, id: string): Promise<void> {
-    // A plain publish with the message id the stream deduplicates by; no reply subject, so the broker answers
-    // nobody. Flushing makes a broken connection show here rather than later.
-    const header = headers();
-    header.set("Nats-Msg-Id", id);
-    this.nc.publish(controlSubject("report", this.node), body, { headers: header });
+  async publishReport(body: Uint8Array): Promise<void> {
+    // A plain publish: no reply subject, so the broker answers nobody, and no message id (see NodeBus). Flushing
+    // makes a broken connection show here rather than later.
+    this.nc.publish(controlSubject("report", this.node), body);
     try {
       await this.nc.flush();
     } catch (error) {

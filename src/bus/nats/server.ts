@@ -5,10 +5,11 @@
  */
 import { spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
-import { accessSync, constants, createWriteStream, mkdirSync, renameSync, writeFileSync } from "node:fs";
+import { accessSync, chmodSync, constants, createWriteStream, mkdirSync } from "node:fs";
 import { createServer, connect as connectTcp } from "node:net";
 import { delimiter, join } from "node:path";
 import { MeshError } from "../../errors.js";
+import { writePrivateFile } from "../../keys/index.js";
 
 export interface NatsServerConfig {
   /** Where the config file, the JetStream store and the log go. */
@@ -21,9 +22,14 @@ export interface NatsServerConfig {
   accounts: Readonly<Record<string, string>>;
 }
 
-/** Writes the server's config file atomically and returns its path. */
+/**
+ * Writes the server's config file atomically (0600) and returns its path. The server's directory is kept 0700:
+ * nats-server makes JetStream's files 0640 and its directories 0750, and they hold every message kept.
+ */
 export function writeNatsServerConfig(config: NatsServerConfig): string {
   mkdirSync(join(config.dir, "jetstream"), { recursive: true, mode: 0o700 });
+  // A directory made before (by an older version, or by hand) is closed too: mkdir's mode applies only to new ones.
+  chmodSync(config.dir, 0o700);
   const preload = Object.entries(config.accounts)
     .map(([key, jwt]) => `  ${key}: "${jwt}"`)
     .join("\n");
@@ -41,8 +47,7 @@ export function writeNatsServerConfig(config: NatsServerConfig): string {
     "",
   ].join("\n");
   const path = join(config.dir, "nats-server.conf");
-  writeFileSync(`${path}.tmp`, text, { mode: 0o600 });
-  renameSync(`${path}.tmp`, path);
+  writePrivateFile(path, text);
   return path;
 }
 
@@ -91,7 +96,7 @@ export async function startNatsServer(
   timeoutMs = 15_000,
 ): Promise<RunningNatsServer> {
   const binary = findNatsServer();
-  const log = createWriteStream(logPath, { flags: "a" });
+  const log = createWriteStream(logPath, { flags: "a", mode: 0o600 });
   const child: ChildProcess = spawn(binary, ["-c", configPath], { stdio: ["ignore", "pipe", "pipe"] });
   child.stdout?.pipe(log);
   child.stderr?.pipe(log);

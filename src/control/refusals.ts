@@ -1,0 +1,104 @@
+/**
+ * What the control plane tells of the refusals of what nodes send. Every refusal is counted (the caller adds to the
+ * node's counters); it is told — one log line and one event row — at most once a window (a minute) per node and
+ * kind, with how many came since it was last told and the latest reason, cut to a bounded length. One node sending
+ * garbage as fast as it can costs the log and the audit trail one line and one row a minute, not one per message.
+ */
+import { boundText } from "../link/index.js";
+import type { Logger } from "../log.js";
+import type { MeshEvent } from "../store/index.js";
+
+/** One refusal, as the caller saw it. */
+export interface Refusal {
+  /** The node the refused message named (the broker vouches for it), or "*" when it named none that is valid. */
+  node: string;
+  /** What was refused: `report`, `alive`, `enrol`, `token`; the event is `<kind>.refused`. */
+  kind: string;
+  /** Why, for a person. Cut to a bounded length before it is logged or kept. */
+  reason: string;
+  /** More of the decision, kept in the event (small values only: nothing here comes from the node unbounded). */
+  detail?: Record<string, unknown>;
+}
+
+interface Window {
+  node: string;
+  kind: string;
+  /** When this node and kind were last told (ms). */
+  toldAt: number;
+  /** Refusals since, not yet told. */
+  untold: number;
+  latest: Refusal;
+}
+
+/** The default window: a refusal of one kind from one node is told at most once a minute. */
+export const refusalWindowMs = 60_000;
+
+export class RefusalLedger {
+  private readonly windows = new Map<string, Window>();
+
+  constructor(
+    private readonly log: Logger,
+    private readonly windowMs = refusalWindowMs,
+  ) {}
+
+  /**
+   * Notes one refusal at `at`. Returns the event to keep when this refusal is told now (the first of its node and
+   * kind in a window), or undefined when it is only counted until the window ends.
+   */
+  note(refusal: Refusal, at: Date): MeshEvent | undefined {
+    const key = `${refusal.kind}\n${refusal.node}`;
+    const now = at.getTime();
+    const window = this.windows.get(key);
+    if (window !== undefined && now - window.toldAt < this.windowMs) {
+      window.untold += 1;
+      window.latest = refusal;
+      return undefined;
+    }
+    const refusals = 1 + (window?.untold ?? 0);
+    this.windows.set(key, {
+      node: refusal.node,
+      kind: refusal.kind,
+      toldAt: now,
+      untold: 0,
+      latest: refusal,
+    });
+    return this.tell(refusal, refusals, at);
+  }
+
+  /**
+   * Tells the refusals held back in windows that have ended, and forgets the nodes that have been quiet for a
+   * whole window (so what is remembered is bounded by the nodes refusing now). Returns the events to keep.
+   */
+  due(at: Date): MeshEvent[] {
+    const now = at.getTime();
+    const events: MeshEvent[] = [];
+    for (const [key, window] of this.windows) {
+      if (now - window.toldAt < this.windowMs) continue;
+      if (window.untold === 0) {
+        this.windows.delete(key);
+        continue;
+      }
+      events.push(this.tell(window.latest, window.untold, at));
+      window.toldAt = now;
+      window.untold = 0;
+    }
+    return events;
+  }
+
+  private tell(refusal: Refusal, refusals: number, at: Date): MeshEvent {
+    const reason = boundText(refusal.reason);
+    this.log.warn(`${refusal.kind}.refused`, {
+      node: refusal.node,
+      reason,
+      refusals,
+      note: `counted; told at most once every ${Math.round(this.windowMs / 1000)} s per node and kind`,
+    });
+    return {
+      at: at.toISOString(),
+      kind: `${refusal.kind}.refused`,
+      node: refusal.node === "*" ? null : refusal.node,
+      epoch: null,
+      detail: { ...refusal.detail, reason, refusals },
+    };
+  }
+}

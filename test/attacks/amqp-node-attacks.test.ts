@@ -1,0 +1,161 @@
+/**
+ * Attacks by token holders and nodes on the machine's RabbitMQ (a scratch vhost) under `mesh up --broker amqp://…`,
+ * each tried with the credentials the attacker really holds, straight on the broker: a token for an enrolled node
+ * taking that node's declarations off its queue, and a node routing a message past the topic permissions with CC.
+ */
+import assert from "node:assert/strict";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
+import amqp from "amqplib";
+import { decodeToken } from "../../src/link/index.js";
+import { mesh, meshHost } from "../support/cli.js";
+import type { Running } from "../support/processes.js";
+import { eventually, startBin } from "../support/processes.js";
+import type { ScratchVhost } from "../support/rabbit.js";
+import { scratchVhost } from "../support/rabbit.js";
+import { tempDir } from "../support/tmp.js";
+
+interface Shown {
+  declaration: { sequence: number; epoch: number; digest: string } | null;
+  account: { outcome: string; sequence: number | null; report_sequence: number | null } | null;
+  refused: Record<string, number>;
+}
+
+describe("attacks on RabbitMQ", () => {
+  const dir = tempDir("mesh-attacks-amqp-");
+  const data = join(dir.path, "data");
+  let scratch: ScratchVhost;
+  let up: Running;
+  const agents: Running[] = [];
+  const cli = (args: string[]) => mesh(["--data", data, ...args]);
+  const show = async (node: string): Promise<Shown> => {
+    const run = await cli(["node", "show", node, "--json"]);
+    assert.equal(run.code, 0, run.stderr);
+    return JSON.parse(run.stdout) as Shown;
+  };
+  const issue = async (node: string): Promise<string> => {
+    const run = await cli(["token", "issue", node, "--json"]);
+    assert.equal(run.code, 0, run.stderr);
+    return (JSON.parse(run.stdout) as { token: string }).token;
+  };
+  const joinAndRun = async (node: string): Promise<string> => {
+    const state = join(dir.path, node);
+    const joined = await meshHost(["join", await issue(node), "--state", state]);
+    assert.equal(joined.code, 0, joined.stderr);
+    const root = join(dir.path, `${node}-root`);
+    mkdirSync(root, { recursive: true });
+    agents.push(startBin("mesh-host", ["run", "--state", state, "--root", root, "--alive-every", "300ms"]));
+    return state;
+  };
+  const declare = async (node: string, content: string): Promise<void> => {
+    const file = join(dir.path, `${node}-${content.length}.yaml`);
+    writeFileSync(file, `files:\n  - path: /etc/attack-test\n    content: ${JSON.stringify(content)}\n`);
+    const run = await cli(["declare", node, "-f", file]);
+    assert.equal(run.code, 0, run.stderr);
+  };
+  const applied = (node: string, sequence: number) =>
+    eventually(
+      `${node}'s report of sequence ${sequence}`,
+      async () => {
+        const shown = await show(node);
+        return shown.account?.outcome === "applied" && shown.account.sequence === sequence
+          ? shown
+          : undefined;
+      },
+      60_000,
+    );
+  const brokerUrl = (username: string, password: string) =>
+    `amqp://${encodeURIComponent(username)}:${encodeURIComponent(password)}@127.0.0.1:5672/${encodeURIComponent(scratch.vhost)}`;
+
+  before(async () => {
+    scratch = await scratchVhost();
+    up = startBin("mesh", ["--data", data, "up", "--broker", scratch.url]);
+    await eventually("the control plane to serve", () =>
+      /control\.serving/.test(up.stderr()) ? true : undefined,
+    );
+  });
+  after(async () => {
+    for (const agent of agents) await agent.stop("SIGTERM");
+    await up.stop();
+    await scratch.drop();
+    dir.remove();
+  });
+
+  test("attack — a token for an enrolled node cannot consume that node's queue", async () => {
+    await joinAndRun("tok-a");
+    // The re-join of a rebuilt machine: a valid, unused token for a node that is enrolled.
+    const token = decodeToken(await issue("tok-a"));
+    assert.ok(token.broker !== null && token.broker.credential.type === "amqp");
+    const connection = await amqp.connect(brokerUrl(token.broker.credential.username, token.secret));
+    try {
+      const channel = await connection.createChannel();
+      // The refusal closes the channel; it is read from the consume's rejection below.
+      channel.on("error", () => undefined);
+      const taken: string[] = [];
+      const verdict = await channel
+        .consume("node.tok-a", (message) => {
+          if (message !== null) taken.push(message.content.toString("utf8"));
+        })
+        .then(
+          () => "the token's account consumes the node's queue",
+          (error: unknown) => String(error),
+        );
+      assert.match(verdict, /403 \(ACCESS-REFUSED\)/);
+      await declare("tok-a", "for the node only");
+      await applied("tok-a", 1);
+      assert.deepEqual(taken, []);
+    } finally {
+      await connection.close();
+    }
+  });
+
+  test("attack — a node's report carrying CC headers is refused, not kept", async () => {
+    const state = await joinAndRun("cc-a");
+    await declare("cc-a", "routed");
+    const before = await applied("cc-a", 1);
+    assert.ok(before.declaration !== null && before.account?.report_sequence != null);
+    const identity = JSON.parse(readFileSync(join(state, "identity.json"), "utf8")) as {
+      broker: { credential: { username: string; password: string } };
+    };
+    const { username, password } = identity.broker.credential;
+    const connection = await amqp.connect(brokerUrl(username, password));
+    try {
+      const channel = await connection.createConfirmChannel();
+      const report = {
+        kind: "report",
+        node: "cc-a",
+        epoch: before.declaration.epoch,
+        sequence: before.declaration.sequence,
+        report_sequence: before.account.report_sequence + 100,
+        digest: before.declaration.digest,
+        outcome: "applied",
+        items: [],
+        sent_at: new Date().toISOString(),
+      };
+      // Routed by "report" (permitted) and, past the permissions, by "alive" and an event key.
+      await new Promise<void>((resolve, reject) =>
+        channel.publish(
+          "mesh",
+          "report",
+          Buffer.from(JSON.stringify(report)),
+          { userId: username, headers: { CC: ["alive", "event.forged"] } },
+          (error: unknown) =>
+            error === null || error === undefined ? resolve() : reject(new Error(JSON.stringify(error))),
+        ),
+      );
+      await channel.close();
+    } finally {
+      await connection.close();
+    }
+    const refused = await eventually("the CC'd report to be refused", async () => {
+      const shown = await show("cc-a");
+      return (shown.refused.report_refused ?? 0) >= 1 ? shown : undefined;
+    });
+    assert.equal(
+      refused.account?.report_sequence,
+      before.account.report_sequence,
+      "nothing was kept from it",
+    );
+  });
+});

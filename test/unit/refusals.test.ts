@@ -1,0 +1,76 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { RefusalLedger } from "../../src/control/refusals.js";
+import { boundText, fitsBytes, reasonMaxBytes } from "../../src/link/index.js";
+import { createLogger } from "../../src/log.js";
+
+function ledger(windowMs = 60_000) {
+  const lines: string[] = [];
+  const log = createLogger({ write: (line) => lines.push(line), pretty: false });
+  return { refusals: new RefusalLedger(log, windowMs), lines };
+}
+const at = (ms: number) => new Date(Date.UTC(2026, 0, 1) + ms);
+
+test("refusals — the first of a node and kind is told; the rest of the window only counted, then told with the count", () => {
+  const { refusals, lines } = ledger();
+  const first = refusals.note({ node: "web-1", kind: "report", reason: "bad" }, at(0));
+  assert.equal(first?.kind, "report.refused");
+  assert.deepEqual(first?.detail, { reason: "bad", refusals: 1 });
+  for (let i = 1; i <= 999; i += 1) {
+    assert.equal(refusals.note({ node: "web-1", kind: "report", reason: `bad ${i}` }, at(i)), undefined);
+  }
+  assert.equal(lines.length, 1, "one line for a thousand refusals");
+  assert.deepEqual(refusals.due(at(59_999)), [], "nothing before the window ends");
+  const held = refusals.due(at(60_000));
+  assert.equal(held.length, 1);
+  assert.deepEqual(held[0]?.detail, { reason: "bad 999", refusals: 999 });
+  assert.equal(lines.length, 2);
+  // Quiet for a whole window: forgotten, and the next refusal is told at once.
+  assert.deepEqual(refusals.due(at(120_000)), []);
+  assert.deepEqual(refusals.note({ node: "web-1", kind: "report", reason: "again" }, at(120_001))?.detail, {
+    reason: "again",
+    refusals: 1,
+  });
+});
+
+test("refusals — nodes and kinds are told apart; a refusal naming no node is kept without one", () => {
+  const { refusals } = ledger();
+  assert.notEqual(refusals.note({ node: "web-1", kind: "report", reason: "r" }, at(0)), undefined);
+  assert.notEqual(refusals.note({ node: "web-1", kind: "alive", reason: "a" }, at(1)), undefined);
+  assert.notEqual(refusals.note({ node: "web-2", kind: "report", reason: "r" }, at(2)), undefined);
+  assert.equal(refusals.note({ node: "*", kind: "report", reason: "no node" }, at(3))?.node, null);
+});
+
+test("refusals — a refusal after the window, with refusals held back, is told with all of them", () => {
+  const { refusals } = ledger(1000);
+  refusals.note({ node: "web-1", kind: "enrol", reason: "x" }, at(0));
+  refusals.note({ node: "web-1", kind: "enrol", reason: "y" }, at(10));
+  refusals.note({ node: "web-1", kind: "enrol", reason: "z" }, at(20));
+  assert.deepEqual(refusals.note({ node: "web-1", kind: "enrol", reason: "w" }, at(1500))?.detail, {
+    reason: "w",
+    refusals: 3,
+  });
+});
+
+test("refusals — the reason kept and logged is bounded, whatever the node sent", () => {
+  const { refusals, lines } = ledger();
+  const event = refusals.note({ node: "web-1", kind: "report", reason: "é".repeat(10_000) }, at(0));
+  const reason = String(event?.detail.reason);
+  assert.ok(Buffer.byteLength(reason) <= reasonMaxBytes);
+  assert.ok(reason.endsWith("…"));
+  assert.ok((lines[0]?.length ?? 0) < 2 * reasonMaxBytes);
+});
+
+test("bounds — text is cut at a character boundary to the byte limit, and text that fits is untouched", () => {
+  assert.equal(boundText("short"), "short");
+  for (const unit of ["a", "é", "€", "𝄞"]) {
+    const cut = boundText(unit.repeat(1000), 100);
+    assert.ok(Buffer.byteLength(cut) <= 100, unit);
+    assert.ok(fitsBytes(cut, 100));
+    assert.ok(cut.endsWith("…"));
+    assert.ok(!cut.includes("\uFFFD"), "no character split");
+    assert.equal(cut.slice(0, -1).replaceAll(unit, ""), "");
+  }
+  assert.equal(fitsBytes("x".repeat(reasonMaxBytes)), true);
+  assert.equal(fitsBytes("x".repeat(reasonMaxBytes + 1)), false);
+});
