@@ -34,11 +34,13 @@ const longestTimerMs = 2 ** 31 - 1;
 export class TokenSweep {
   private readonly intervals: NodeJS.Timeout[] = [];
   private expiry: { at: number; timer: NodeJS.Timeout } | undefined;
-  /** Spent tokens' accounts waiting out the grace, by broker user. */
+  /** Spent tokens' accounts waiting out the grace, by the broker credential kept for the token. */
   private readonly ending = new Map<string, NodeJS.Timeout>();
   private readonly inFlight = new Set<Promise<void>>();
   /** Sweeps run one after another: each lists every account, and two at once would only repeat each other. */
   private sweeping: Promise<void> = Promise.resolve();
+  /** So do armings: one that read the store earlier must not set its timer after one that read it later. */
+  private arming: Promise<void> = Promise.resolve();
   private stopped = false;
 
   constructor(private readonly settings: TokenSweepSettings) {}
@@ -57,14 +59,14 @@ export class TokenSweep {
 
   /** A token was spent and its answer sent: its account ends once the joiner has had time to read the answer. */
   spent(token: { brokerCredential: string | null }): void {
-    if (!this.settings.identities.sweepsTokens || this.stopped || token.brokerCredential === null) return;
-    const user = brokerUserOf(token.brokerCredential);
-    clearTimeout(this.ending.get(user));
+    const credential = token.brokerCredential;
+    if (!this.settings.identities.sweepsTokens || this.stopped || credential === null) return;
+    clearTimeout(this.ending.get(credential));
     this.ending.set(
-      user,
+      credential,
       setTimeout(() => {
-        this.ending.delete(user);
-        this.run("tokens.end", () => this.settings.identities.endToken(user));
+        this.ending.delete(credential);
+        this.run("tokens.end", () => this.end(credential));
       }, this.settings.graceMs),
     );
     // The spent token may have been the one the expiry timer waited for.
@@ -80,14 +82,17 @@ export class TokenSweep {
     const due = [...this.ending.keys()];
     for (const timer of this.ending.values()) clearTimeout(timer);
     this.ending.clear();
-    await Promise.all([...this.inFlight]);
-    for (const user of due) {
-      await this.settings.identities
-        .endToken(user)
-        .catch((error: unknown) =>
-          this.settings.log.warn("tokens.end_failed", { user, error: errorText(error) }),
-        );
+    // Their failures are said where they happened; here only their end is awaited.
+    await Promise.allSettled([...this.inFlight, this.sweeping, this.arming]);
+    for (const credential of due) {
+      await this.end(credential).catch((error: unknown) =>
+        this.settings.log.warn("tokens.end_failed", { error: errorText(error) }),
+      );
     }
+  }
+
+  private async end(credential: string): Promise<void> {
+    await this.settings.identities.endToken(brokerUserOf(credential));
   }
 
   private sweep(): Promise<void> {
@@ -104,7 +109,16 @@ export class TokenSweep {
   }
 
   /** Arms the expiry timer for the earliest expiry among valid tokens (none: no timer). */
-  private async arm(): Promise<void> {
+  private arm(): Promise<void> {
+    const run = this.arming.then(
+      () => this.armNow(),
+      () => this.armNow(),
+    );
+    this.arming = run;
+    return run;
+  }
+
+  private async armNow(): Promise<void> {
     const next = await this.settings.store.tokens.nextExpiry(this.settings.now());
     if (this.stopped) return;
     const at = next === undefined ? undefined : Date.parse(next);

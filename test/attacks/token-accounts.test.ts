@@ -200,7 +200,7 @@ describe("attack: a RabbitMQ token account after its token ended", () => {
 
   test("amqp attack — a token that expires unused is refused from its expiry on, and connections opened before are closed then", async (t) => {
     // Three tokens 3 s apart: each account must end at its own token's expiry, not at the next tick of a sweep.
-    const ttls = ["5s", "8s", "11s"];
+    const ttls = ["8s", "11s", "14s"];
     const issued = await Promise.all(ttls.map((ttl, i) => operator.issue(`expiring-${i + 1}`, ttl)));
     const held = await Promise.all(issued.map((one) => holdOpen(one)));
     const ends = await Promise.all(held.map((one, i) => ended(one.end, `expiring-${i + 1}`)));
@@ -302,12 +302,15 @@ describe("attack: a NATS token identity after its token ended", () => {
     await operator.join(issued, "spent-1");
     const joinedAt = Date.now();
     const refused = await refusedBy("after the join", attempt(issued), joinedAt + graceMs + slackMs);
-    assert.match(refused.error, /authorization|revoked/i);
+    // Refused at connect, or (in the moment of revocation) let in and dropped at once; after, refused at connect.
+    assert.match(refused.error, /authorization|revoked|ECONNRESET|EPIPE/i);
     t.diagnostic(`refused ${refused.at - joinedAt} ms after the join ended (grace ${graceMs} ms)`);
+    const again = await attempt(issued)();
+    assert.ok(!again.accepted && /authorization|revoked/i.test(again.error), JSON.stringify(again));
   });
 
   test("nats attack — a token that expires unused is refused by the broker from its expiry on", async () => {
-    const issued = await operator.issue("expiring-1", "4s");
+    const issued = await operator.issue("expiring-1", "6s");
     const held = await holdOpen(issued);
     const end = await ended(held.end, "the connection opened before the expiry");
     // The identity's JWT expires in whole seconds, no later than the token.
