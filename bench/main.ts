@@ -123,7 +123,14 @@ const result = {
 };
 const out = join(root, "bench", "results");
 mkdirSync(out, { recursive: true });
-const file = join(out, `bench-${options.broker}-${options.nodes}-${result.date.replace(/[:.]/g, "-")}.json`);
+// One current file per configuration (broker, fleet size, parts), replaced by each run of it: results are figures of
+// the code as it is, not a history (git keeps that).
+const defaultParts = parseBenchArgs(["--broker", options.broker]).parts;
+const partsNamed =
+  options.parts.length === defaultParts.length && options.parts.every((part) => defaultParts.includes(part))
+    ? ""
+    : `-${options.parts.join("+")}`;
+const file = join(out, `bench-${options.broker}-${options.nodes}${partsNamed}.json`);
 writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
 process.stdout.write(
   `mesh bench, ${options.nodes} nodes — commit ${result.commit}${result.dirty ? " (with local changes)" : ""}, ` +
