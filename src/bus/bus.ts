@@ -2,6 +2,7 @@
  * The Bus in the mesh's words. The control plane and the agent see only these interfaces; each broker has its
  * adapter behind them, and nothing outside src/bus/ touches a broker client.
  */
+import type { NodeCredential, TokenCredential } from "../link/index.js";
 
 /** A node-published message taken from the control queue. The node is the one its subject or routing names. */
 export interface ControlDelivery {
@@ -99,13 +100,8 @@ export interface EnrolmentBus {
   close(): Promise<void>;
 }
 
-/** The broker identity a token carries: what `mesh-host join` connects with. */
-export type TokenCredential =
-  { type: "nats"; jwt: string; seed: string } | { type: "amqp"; username: string };
-
-/** The long-lived identity an enrolled node receives in the enrol reply. */
-export type NodeCredential =
-  { type: "nats"; jwt: string } | { type: "amqp"; username: string; password: string };
+// The credentials' types come from their schemas in the wire contract: the token's and the enrol reply's.
+export type { NodeCredential, TokenCredential } from "../link/index.js";
 
 /**
  * Broker identities, compiled from the writers table: one per token (expiring with it), one per node, and their

@@ -1,8 +1,9 @@
 /** Broker failures in the mesh's words, with the client's error as the cause. */
 import { MeshError } from "../errors.js";
+import type { MeshErrorCode } from "../errors.js";
 
 export class BusError extends MeshError {
-  constructor(code: string, message: string, options?: { cause?: unknown }) {
+  constructor(code: MeshErrorCode, message: string, options?: { cause?: unknown }) {
     super(code, message, options);
     this.name = "BusError";
   }

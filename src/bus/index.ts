@@ -17,8 +17,7 @@ import { loadOrCreateAuthority } from "./nats/authority.js";
 import { connectNats } from "./nats/connect.js";
 import { defaultControlBusOptions, NatsControlBus } from "./nats/control-bus.js";
 import { NatsKvLease } from "./nats/lease-kv.js";
-import type { LeaseBackend } from "../lease/lease.js";
-import type { Store } from "../store/index.js";
+import type { LeaseBackend, LeaseStore } from "../lease/lease.js";
 import { AmqpControlBus } from "./amqp/control-bus.js";
 import { AmqpBrokerIdentities } from "./amqp/identities.js";
 import { AmqpLink, parseAmqpUrl } from "./amqp/link.js";
@@ -48,7 +47,7 @@ export interface ControlSide {
   bus: ControlBus;
   identities: ControlIdentities;
   /** The controller lease: in the broker's key-value store (NATS) or in the mesh's store (RabbitMQ). */
-  lease(ttlMs: number, store: Store): Promise<LeaseBackend>;
+  lease(ttlMs: number, store: LeaseStore): Promise<LeaseBackend>;
   close(): Promise<void>;
 }
 
@@ -85,8 +84,9 @@ export interface BrokerAccess {
 
 /** The management API of a RabbitMQ broker: as given, or beside the broker with the broker URL's credentials. */
 export function rabbitmqApiOf(access: BrokerAccess): string {
-  if (access.rabbitmqApi !== undefined) return access.rabbitmqApi;
+  // The broker URL is checked even when the API is given: a bad one is bad usage now, not a failure later.
   const address = parseAmqpUrl(access.url);
+  if (access.rabbitmqApi !== undefined) return access.rabbitmqApi;
   if (address.username === undefined) {
     throw new MeshError(
       "usage",

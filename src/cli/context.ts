@@ -14,6 +14,8 @@ import { BusError, openControlSide, openIdentities } from "../bus/index.js";
 import { MeshError } from "../errors.js";
 import { createLogger } from "../log.js";
 import { readBrokerRecord } from "../control/broker-record.js";
+import type { ActingPolicy, ActingUnder, WithoutLease } from "../lease/acting.js";
+import { underLease } from "../lease/acting.js";
 
 /** The flags every `mesh` command shares. */
 export interface GlobalFlags {
@@ -108,4 +110,50 @@ export async function openRecordedControlSide(options: MeshOptions): Promise<Con
     );
   }
   return openControlSide(options.dataDir, access, createLogger({ level: "warn" }), { longLived: false });
+}
+
+/**
+ * Runs `work` under the lease (`underLease`), reached through this mesh's recorded broker: through `side` when the
+ * command has one open, otherwise through a connection opened for this. A mesh with no broker recorded, or one whose
+ * broker cannot be reached, has no lease store to reach; the policy says whether the command acts without an epoch.
+ */
+export async function withCommandLease<T, W extends WithoutLease>(
+  options: MeshOptions,
+  store: Store,
+  policy: ActingPolicy<W>,
+  work: (acting: ActingUnder<W>) => Promise<T>,
+  side?: ControlSide,
+): Promise<T> {
+  const log = createLogger({ level: "warn" });
+  let opened: ControlSide | undefined;
+  let reached: ControlSide | string;
+  if (side !== undefined) {
+    reached = side;
+  } else if (recordedAccess(options) === undefined) {
+    reached = "no broker is recorded for this mesh";
+  } else {
+    try {
+      opened = await openRecordedControlSide(options);
+      reached = opened;
+    } catch (error) {
+      if (!(error instanceof BusError)) throw error;
+      reached = `the broker cannot be reached: ${error.message}`;
+    }
+  }
+  try {
+    if (typeof reached === "string") {
+      // Without a broker recorded no controller has ever acted here: acting without an epoch is the ordinary case
+      // then, and not worth a line on every command.
+      const quiet = recordedAccess(options) === undefined ? createLogger({ level: "error" }) : log;
+      return await underLease({ unreachable: reached, log: quiet }, policy, work);
+    }
+    const backend = await reached.lease(options.lease.ttlMs, store);
+    try {
+      return await underLease({ backend, epochs: store.epochs, timings: options.lease, log }, policy, work);
+    } finally {
+      await backend.close();
+    }
+  } finally {
+    await opened?.close();
+  }
 }

@@ -1,17 +1,18 @@
 /** `mesh declare <node> -f FILE`: what a node should hold, signed and sent to its queue. */
-import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
-import { hostname } from "node:os";
 import type { Command } from "commander";
 import { declareMany, parseDeclarationFile } from "../control/declarations.js";
 import { MeshError, UsageError } from "../errors.js";
 import { nodeNameProblem } from "../link/index.js";
-import { createLogger } from "../log.js";
-import { LeaseHolder } from "../lease/holder.js";
-import { epochOf } from "../lease/lease.js";
 import type { GlobalFlags } from "./context.js";
-import { openRecordedControlSide, optionsFrom, signingIdentity, withStore } from "./context.js";
-import { stdoutOutput } from "./output.js";
+import {
+  openRecordedControlSide,
+  optionsFrom,
+  signingIdentity,
+  withCommandLease,
+  withStore,
+} from "./context.js";
+import { stdoutOutput } from "../program/output.js";
 
 export function registerDeclareCommand(program: Command): void {
   program
@@ -41,63 +42,22 @@ export function registerDeclareCommand(program: Command): void {
       const options = optionsFrom(globals);
       const side = await openRecordedControlSide(options);
       const signing = signingIdentity(options);
-      const sent = await withStore(options, async (store) => {
-        // A command that acts does so under the lease: the holder's epoch, or a lease of its own when nobody
-        // holds one. It never writes as a second controller.
-        const backend = await side.lease(options.lease.ttlMs, store);
-        const current = await backend.read();
-        let own: LeaseHolder | undefined;
-        let epoch: number;
-        if (current !== undefined) {
-          epoch = epochOf(current);
-        } else {
-          own = new LeaseHolder({
-            backend,
-            epochs: store.epochs,
-            timings: options.lease,
-            holder: {
-              id: randomUUID(),
-              host: hostname(),
-              pid: process.pid,
-              taken_at: new Date().toISOString(),
-            },
-            log: createLogger({ level: "warn" }),
-          });
-          const taken = await own.tryTake().catch((error: unknown) => {
-            throw new MeshError(
-              "no_lease",
-              `nobody holds the lease and this command could not take one (${(error as Error).message}); nothing was declared`,
-              { cause: error },
-            );
-          });
-          if (!taken || own.epoch === undefined) {
-            throw new MeshError("lease_busy", "the lease changed hands while declaring; try again");
-          }
-          epoch = own.epoch;
-        }
-        try {
-          const targets = flags.all === true ? await store.nodes.namesIn("enrolled") : nodes;
-          if (targets.length === 0)
-            throw new MeshError("no_nodes", "no node is enrolled: nothing was declared");
-          const holder = own;
-          // Before each chunk: its own lease still renewed, or the holder's lease still at the epoch taken above.
-          const gate =
-            holder !== undefined
-              ? () => holder.canAct()
-              : async () => {
-                  const now = await backend.read();
-                  return now !== undefined && epochOf(now) === epoch;
-                };
-          return await declareMany(
-            { store, signing, bus: side.bus, now: () => new Date(), gate },
-            targets,
-            files,
-            epoch,
-          );
-        } finally {
-          await own?.release();
-        }
-      }).finally(() => side.close());
+      const sent = await withStore(options, (store) =>
+        // Under the holder's epoch, or a lease of its own: never as a second controller, never without an epoch.
+        withCommandLease(
+          options,
+          store,
+          { nothingDone: "nothing was declared", withoutLease: "refuse" },
+          async ({ epoch, stillActing }) => {
+            const targets = flags.all === true ? await store.nodes.namesIn("enrolled") : nodes;
+            if (targets.length === 0)
+              throw new MeshError("no_nodes", "no node is enrolled: nothing was declared");
+            const context = { store, signing, bus: side.bus, now: () => new Date(), gate: stillActing };
+            return declareMany(context, targets, files, epoch);
+          },
+          side,
+        ),
+      ).finally(() => side.close());
       const out = stdoutOutput(globals.json === true);
       const shown = sent.map(({ node, sequence, epoch }) => ({ node, sequence, epoch }));
       const [only] = shown;

@@ -15,7 +15,7 @@ import { createLogger, errorText } from "../log.js";
 import { parseDuration } from "../config/duration.js";
 import type { GlobalFlags } from "./context.js";
 import { optionsFrom, recordedBroker, signingIdentity, withStore } from "./context.js";
-import { stdoutOutput } from "./output.js";
+import { stdoutOutput } from "../program/output.js";
 
 interface Flags extends LabFlags {
   broker?: string;

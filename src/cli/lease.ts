@@ -3,7 +3,7 @@ import type { Command } from "commander";
 import { epochOf } from "../lease/lease.js";
 import type { GlobalFlags } from "./context.js";
 import { openRecordedControlSide, optionsFrom, withStore } from "./context.js";
-import { stdoutOutput } from "./output.js";
+import { stdoutOutput } from "../program/output.js";
 
 export function registerLeaseCommands(program: Command): void {
   const lease = program.command("lease").description("the lease that decides which controller acts");

@@ -5,9 +5,9 @@ import { registerLabCommand } from "./lab.js";
 import { registerLeaseCommands } from "./lease.js";
 import { registerNodeCommands } from "./node.js";
 import { registerServeCommands } from "./up.js";
-import { runProgram } from "./run.js";
+import { runProgram } from "../program/run.js";
 import { registerTokenCommands } from "./token.js";
-import { meshVersion } from "./version.js";
+import { meshVersion } from "../program/version.js";
 
 export function meshProgram(): Command {
   const program = new Command("mesh")

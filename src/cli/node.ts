@@ -5,9 +5,9 @@ import { MeshError, UsageError } from "../errors.js";
 import { nodeNameProblem } from "../link/index.js";
 import { describeLiveness, livenessOf } from "../control/liveness.js";
 import type { GlobalFlags } from "./context.js";
-import { optionsFrom, tellBroker, withStore } from "./context.js";
+import { optionsFrom, tellBroker, withCommandLease, withStore } from "./context.js";
 import { retireNode } from "../control/retire.js";
-import { stdoutOutput } from "./output.js";
+import { stdoutOutput } from "../program/output.js";
 
 export function registerNodeCommands(program: Command): void {
   const node = program.command("node").description("the nodes of the mesh");
@@ -137,7 +137,14 @@ export function registerNodeCommands(program: Command): void {
       const globals = command.optsWithGlobals<GlobalFlags>();
       if (nodeNameProblem(name) !== undefined) throw new UsageError(`"${name}" is not a node name`);
       const options = optionsFrom(globals);
-      const revoked = await withStore(options, (store) => retireNode(store, name, new Date()));
+      const revoked = await withStore(options, (store) =>
+        withCommandLease(
+          options,
+          store,
+          { nothingDone: "nothing was retired", withoutLease: "act" },
+          ({ epoch }) => retireNode(store, name, new Date(), epoch),
+        ),
+      );
       await tellBroker(options, revoked, name);
       const out = stdoutOutput(globals.json === true);
       if (out.json) out.document({ node: name, state: "retired" });

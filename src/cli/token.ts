@@ -1,14 +1,20 @@
 /** `mesh token issue | list | revoke`: the one-time tokens that let a named machine in. */
 import type { Command } from "commander";
 import { parseDuration } from "../config/duration.js";
-import { issueToken, revokeToken } from "../control/tokens.js";
+import { issueToken, revokeTokenForBroker } from "../control/tokens.js";
 import { MeshError, UsageError } from "../errors.js";
 import { nodeNameProblem } from "../link/index.js";
 import { tokenStatus } from "../store/index.js";
-import { brokerUserOf, currentRevocations } from "../control/revocations.js";
 import type { GlobalFlags } from "./context.js";
-import { optionsFrom, recordedBroker, signingIdentity, tellBroker, withStore } from "./context.js";
-import { stdoutOutput } from "./output.js";
+import {
+  optionsFrom,
+  recordedBroker,
+  signingIdentity,
+  tellBroker,
+  withCommandLease,
+  withStore,
+} from "./context.js";
+import { stdoutOutput } from "../program/output.js";
 
 const tokenId = /^tok_[0-9a-f]{12}$/;
 
@@ -31,8 +37,23 @@ export function registerTokenCommands(program: Command): void {
       const ttlMs = flags.ttl === undefined ? options.tokenTtlMs : parseDuration(flags.ttl, "--ttl");
       const identity = signingIdentity(options);
       const broker = recordedBroker(options);
+      // Under the lease like every command that writes what it fences; without an epoch when nobody can hold it,
+      // as a controller without one still lets machines join.
       const issued = await withStore(options, (store) =>
-        issueToken(store, { node, ttlMs, fingerprint: identity.fingerprint, now: new Date(), broker }),
+        withCommandLease(
+          options,
+          store,
+          { nothingDone: "no token was issued", withoutLease: "act" },
+          ({ epoch }) =>
+            issueToken(store, {
+              node,
+              ttlMs,
+              fingerprint: identity.fingerprint,
+              now: new Date(),
+              broker,
+              epoch,
+            }),
+        ),
       ).finally(() => broker?.close());
       const out = stdoutOutput(globals.json === true);
       if (out.json) {
@@ -87,15 +108,14 @@ export function registerTokenCommands(program: Command): void {
       if (!tokenId.test(id))
         throw new UsageError(`"${id}" is not a token id (they look like tok_0123456789ab)`);
       const options = optionsFrom(globals);
-      const { outcome, revoked, user } = await withStore(options, async (store) => {
-        const outcome = await revokeToken(store, id, new Date());
-        const credential = (await store.tokens.find(id))?.brokerCredential ?? null;
-        return {
-          outcome,
-          revoked: await currentRevocations(store, new Date()),
-          user: credential === null ? undefined : brokerUserOf(credential),
-        };
-      });
+      const { outcome, revocations, user } = await withStore(options, (store) =>
+        withCommandLease(
+          options,
+          store,
+          { nothingDone: "nothing was revoked", withoutLease: "act" },
+          ({ epoch }) => revokeTokenForBroker(store, id, new Date(), epoch),
+        ),
+      );
       switch (outcome) {
         case "unknown":
           throw new MeshError("token_unknown", `no token ${id}`);
@@ -110,7 +130,7 @@ export function registerTokenCommands(program: Command): void {
       }
       // The broker must refuse the token's identity before this command exits, not at its expiry nor at a sweep:
       // on RabbitMQ its account is deleted here, on NATS its user key is in the revocations pushed.
-      await tellBroker(options, revoked, undefined, user);
+      await tellBroker(options, revocations, undefined, user);
       const out = stdoutOutput(globals.json === true);
       if (out.json) out.document({ id, status: "revoked" });
       else out.line(`revoked ${id}`);

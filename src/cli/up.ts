@@ -40,11 +40,11 @@ const metricsHelp =
 
 /** The control plane on a broker that runs already; the broker is recorded for every later command. */
 async function serveOn(options: MeshOptions, url: string): Promise<void> {
-  brokerKindOf(url);
-  mkdirSync(options.dataDir, { recursive: true, mode: 0o700 });
-  recordRunningSettings(options);
+  // Bad usage is found before anything is written: the URL's scheme, and on RabbitMQ how accounts will be made.
   const broker = { url, rabbitmqApi: options.rabbitmqApi };
   if (brokerKindOf(url) === "amqp") rabbitmqApiOf(broker);
+  mkdirSync(options.dataDir, { recursive: true, mode: 0o700 });
+  recordRunningSettings(options);
   const recorded = readBrokerRecord(options.dataDir);
   if (recorded?.url !== url || recorded.rabbitmq_api !== options.rabbitmqApi) {
     writeBrokerRecord(options.dataDir, {

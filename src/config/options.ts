@@ -29,6 +29,11 @@ export interface MeshOptions {
    * behind the deletions at spend, revoke and expiry.
    */
   tokenSweepEveryMs: number;
+  /**
+   * How long a token is kept once it has expired (spent, revoked or never used). Until its expiry a spent or revoked
+   * token's identity must stay refused, so no token goes before it; after, only `mesh token list` misses it.
+   */
+  tokenKeepForMs: number;
   /** Declarations and accounts kept per node behind the latest. */
   historyLimit: number;
   /**
@@ -42,6 +47,24 @@ export interface MeshOptions {
   metrics: { host: string; port: number } | undefined;
   /** RabbitMQ's management API (`http://user:pass@host:15672`), when set; otherwise the broker record's. */
   rabbitmqApi: string | undefined;
+  /** The acting control plane's own periods (`serve`). */
+  periods: ControlPeriods;
+}
+
+/** Every period of the acting control plane, in milliseconds. */
+export interface ControlPeriods {
+  /** How often batched `last_seen` times are written. */
+  flushEveryMs: number;
+  /** How often liveness is checked for crossings: a quarter of the threshold, between 250 ms and 5 s. */
+  livenessEveryMs: number;
+  /** How long before a node that says it is behind its latest declaration is sent it again. */
+  resendAfterMs: number;
+  /** How often the store is looked at for a newly issued token that expires before the armed sweep. */
+  tokenLookEveryMs: number;
+  /** How often the retention runs (audit trail, old tokens). */
+  pruneEveryMs: number;
+  /** How often the urgent no-epoch condition is logged again while it lasts. */
+  noEpochLogEveryMs: number;
 }
 
 /** What may be set, by its name in mesh.yaml; the environment variable is MESH_ + the name in capitals. */
@@ -51,6 +74,7 @@ export interface MeshSettings {
   token_ttl?: string | undefined;
   token_grace?: string | undefined;
   token_sweep_every?: string | undefined;
+  token_keep_for?: string | undefined;
   history_limit?: string | number | undefined;
   events_keep_for?: string | undefined;
   events_keep_at_most?: string | number | undefined;
@@ -70,6 +94,7 @@ const defaults = {
   // Measured: the answer reaches the joiner within milliseconds of being sent, even on a loaded machine.
   tokenGrace: "2s",
   tokenSweepEvery: "1m",
+  tokenKeepFor: "7d",
   historyLimit: 50,
   eventsKeepFor: "30d",
   eventsKeepAtMost: 1_000_000,
@@ -84,6 +109,7 @@ const settingNames = [
   "token_ttl",
   "token_grace",
   "token_sweep_every",
+  "token_keep_for",
   "history_limit",
   "events_keep_for",
   "events_keep_at_most",
@@ -100,6 +126,7 @@ const fileSchema = z.strictObject({
   token_ttl: z.string().min(1).optional(),
   token_grace: z.string().min(1).optional(),
   token_sweep_every: z.string().min(1).optional(),
+  token_keep_for: z.string().min(1).optional(),
   history_limit: z.union([z.number(), z.string()]).optional(),
   events_keep_for: z.string().min(1).optional(),
   events_keep_at_most: z.union([z.number(), z.string()]).optional(),
@@ -137,17 +164,20 @@ export function compileMeshOptions(input: CompileInput): MeshOptions {
   const [tokenTtl, tokenTtlSource] = pick("token_ttl");
   const [tokenGrace, tokenGraceSource] = pick("token_grace");
   const [tokenSweepEvery, tokenSweepEverySource] = pick("token_sweep_every");
+  const [tokenKeepFor, tokenKeepForSource] = pick("token_keep_for");
   const [history, historySource] = pick("history_limit");
   const [eventsKeepFor, eventsKeepForSource] = pick("events_keep_for");
   const [eventsKeepAtMost, eventsKeepAtMostSource] = pick("events_keep_at_most");
   const [metrics, metricsSource] = pick("metrics");
+  const outOfTouchAfterMs = parseDuration(outOfTouch ?? defaults.outOfTouchAfter, outOfTouchSource);
   return {
     dataDir,
     storeUrl: store ?? `sqlite:${join(dataDir, "mesh.db")}`,
-    outOfTouchAfterMs: parseDuration(outOfTouch ?? defaults.outOfTouchAfter, outOfTouchSource),
+    outOfTouchAfterMs,
     tokenTtlMs: parseDuration(tokenTtl ?? defaults.tokenTtl, tokenTtlSource),
     tokenGraceMs: parseDuration(tokenGrace ?? defaults.tokenGrace, tokenGraceSource),
     tokenSweepEveryMs: parseDuration(tokenSweepEvery ?? defaults.tokenSweepEvery, tokenSweepEverySource),
+    tokenKeepForMs: parseDuration(tokenKeepFor ?? defaults.tokenKeepFor, tokenKeepForSource),
     historyLimit: history === undefined ? defaults.historyLimit : parseCount(history, historySource),
     events: {
       keepForMs: parseDuration(eventsKeepFor ?? defaults.eventsKeepFor, eventsKeepForSource),
@@ -158,7 +188,25 @@ export function compileMeshOptions(input: CompileInput): MeshOptions {
     },
     lease: compileLease(pick("lease_renew_every"), pick("lease_ttl"), pick("lease_margin")),
     metrics: metrics === undefined ? undefined : parseListen(metrics, metricsSource),
-    rabbitmqApi: pick("rabbitmq_api")[0],
+    rabbitmqApi: parseRabbitmqApi(...pick("rabbitmq_api")),
+    periods: controlPeriods(outOfTouchAfterMs),
+  };
+}
+
+/**
+ * The control plane's periods. Liveness is checked often enough that a crossing is seen within a quarter of the
+ * threshold (at most every 5 s, at least every 250 ms). The retention runs every ten minutes: refusals are told at
+ * most once a minute per node and kind, so between two runs a fleet adds a bounded number of rows, and the trail
+ * stays near its limit without a delete on every tick.
+ */
+export function controlPeriods(outOfTouchAfterMs: number): ControlPeriods {
+  return {
+    flushEveryMs: 1000,
+    livenessEveryMs: Math.min(5000, Math.max(250, outOfTouchAfterMs / 4)),
+    resendAfterMs: 5000,
+    tokenLookEveryMs: 1000,
+    pruneEveryMs: 10 * 60_000,
+    noEpochLogEveryMs: 60_000,
   };
 }
 
@@ -231,6 +279,28 @@ function compileLease(
     );
   }
   return lease;
+}
+
+/**
+ * RabbitMQ's management API, `http(s)://user:pass@host:15672`: checked here, with the other settings, so a bad one
+ * is bad usage before anything is written rather than a failure once the data dir has been made.
+ */
+export function parseRabbitmqApi(value: string | undefined, source: string): string | undefined {
+  if (value === undefined) return undefined;
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch (error) {
+    // The value is not echoed: it may hold a password.
+    throw new UsageError(`${source} is not a URL (http://user:pass@host:15672)`, { cause: error });
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") {
+    throw new UsageError(`${source}: "${url.protocol}//…" is not http(s)://user:pass@host:15672`);
+  }
+  if (url.username === "") {
+    throw new UsageError(`${source}: the URL names no user: http://user:pass@${url.host}`);
+  }
+  return value;
 }
 
 /** `HOST:PORT` (port 0 picks a free one), or `off`. */

@@ -8,7 +8,7 @@ import type { ControlBus } from "../bus/index.js";
 import { MeshError, UsageError } from "../errors.js";
 import type { SigningIdentity } from "../keys/index.js";
 import { sealDeclaration } from "../keys/index.js";
-import { encodeMessage, itemsDigest } from "../link/index.js";
+import { checkDeclaredFiles, encodeMessage, itemsDigest } from "../link/index.js";
 import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
 
@@ -39,6 +39,8 @@ export function parseDeclarationFile(text: string, fileName: string): DeclaredFi
     const issue = parsed.error.issues[0];
     throw new UsageError(`${fileName}: ${issue?.path.join(".") ?? ""}: ${issue?.message ?? "invalid"}`);
   }
+  // Checked against the wire contract here, before any sequence is allocated: a refused item writes nothing.
+  checkDeclaredFiles(parsed.data.files, fileName);
   return parsed.data.files;
 }
 

@@ -103,24 +103,28 @@ export async function answerEnrolment(
 
   try {
     const identity = await context.broker.forNode(node, enrol.keys.broker_user);
-    // A machine enrolling again replaces its identity; the one before must not keep working.
-    const before = await store.nodes.get(node);
-    if (before?.brokerUser != null && before.brokerUser !== identity.user) {
-      await store.revokedIdentities.add(before.brokerUser, node, now.toISOString());
-    }
-    await store.nodes.enrol(node, {
-      signingKey: enrol.keys.signing,
-      overlayKey: enrol.keys.overlay,
-      brokerUser: identity.user,
-      profile: JSON.stringify({ ...enrol.profile, agent_version: enrol.agent_version }),
-      at: now.toISOString(),
-    });
-    await store.events.record({
-      at: now.toISOString(),
-      kind: "node.enrolled",
-      node,
-      epoch: null,
-      detail: { token: token.id, claimed_name: enrol.node, broker_user: identity.user },
+    // One transaction: the old identity refused, the new record and its audit line land together or not at all
+    // (a node enrolled without its old identity revoked would leave that identity working).
+    await store.transaction(async (tx) => {
+      // A machine enrolling again replaces its identity; the one before must not keep working.
+      const before = await tx.nodes.get(node);
+      if (before?.brokerUser != null && before.brokerUser !== identity.user) {
+        await tx.revokedIdentities.add(before.brokerUser, node, now.toISOString());
+      }
+      await tx.nodes.enrol(node, {
+        signingKey: enrol.keys.signing,
+        overlayKey: enrol.keys.overlay,
+        brokerUser: identity.user,
+        profile: JSON.stringify({ ...enrol.profile, agent_version: enrol.agent_version }),
+        at: now.toISOString(),
+      });
+      await tx.events.record({
+        at: now.toISOString(),
+        kind: "node.enrolled",
+        node,
+        epoch: null,
+        detail: { token: token.id, claimed_name: enrol.node, broker_user: identity.user },
+      });
     });
     log.info("node.enrolled", { node, claimed_name: enrol.node });
     const reply: EnrolReply = {

@@ -10,6 +10,7 @@ import type { Receipt, Report } from "../link/index.js";
 import {
   accountOfReport,
   boundText,
+  compareDeclarationOrder,
   ContractError,
   emptyDigest,
   encodeMessage,
@@ -101,10 +102,19 @@ export class Ingest {
     try {
       await this.judge(deliveries, batch);
       if (batch.accounts.length + batch.counters.length + batch.events.length > 0) {
+        // A node whose report is kept was heard: its last_seen moves with the report, not at the next flush, so a
+        // kept report never stands beside a node that reads as never spoken.
+        const heard = new Map(
+          batch.accounts.flatMap(({ node }) => {
+            const at = batch.seen.get(node);
+            return at === undefined ? [] : [[node, new Date(at).toISOString()] as const];
+          }),
+        );
         await this.context.store.transaction(async (tx) => {
           await tx.accounts.keepMany(batch.accounts);
           await tx.counters.addMany(batch.counters);
           await tx.events.recordMany(batch.events);
+          if (heard.size > 0) await tx.nodes.touch(heard);
         });
       }
       // The two streams are consumed side by side: a batch of either may be the older one.
@@ -265,8 +275,7 @@ export class Ingest {
     for (const [node, held] of holds) {
       const latest = this.remembered(this.latestOrder, node)?.value;
       if (latest === undefined) continue;
-      const behind =
-        held.epoch < latest.epoch || (held.epoch === latest.epoch && held.sequence < latest.sequence);
+      const behind = compareDeclarationOrder(held, latest) < 0;
       if (!behind || now - (this.lastResend.get(node) ?? 0) < this.context.resendAfterMs) continue;
       this.lastResend.set(node, now);
       await resendLatest(this.context.store, this.context.bus, node);

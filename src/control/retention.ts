@@ -1,17 +1,11 @@
 /**
- * The audit trail's retention. Every table that grows with what nodes send is bounded: accounts and declarations by
- * the per-node history, counters by node and name, and events — which grow with every decision — by age and count.
+ * The retention. Every table that grows with what nodes send or operators issue is bounded: accounts and
+ * declarations by the per-node history, counters by node and name, events — which grow with every decision — by age
+ * and count, and tokens by how long ago they expired.
  */
 import type { MeshOptions } from "../config/options.js";
 import type { Logger } from "../log.js";
 import type { Store } from "../store/index.js";
-
-/**
- * How often the acting control plane prunes the trail. Refusals are told at most once a minute per node and kind,
- * so between two prunings a fleet adds a bounded number of rows; ten minutes keeps the trail near its limit
- * without a delete on every tick.
- */
-export const pruneEventsEveryMs = 10 * 60_000;
 
 /** Deletes the events older than the retention, and all but the newest it keeps; logs what went when any did. */
 export async function pruneEvents(
@@ -26,4 +20,26 @@ export async function pruneEvents(
     log.info("events.pruned", { deleted, older_than: before, keep_at_most: retention.keepAtMost });
   }
   return deleted;
+}
+
+/**
+ * Deletes the tokens that expired more than `keepForMs` ago. Only expired ones go: until its expiry a spent or
+ * revoked token's broker identity must stay refused, and the store is where every process reads that from.
+ */
+export async function pruneTokens(store: Store, keepForMs: number, now: Date, log: Logger): Promise<number> {
+  const before = new Date(now.getTime() - keepForMs);
+  const deleted = await store.tokens.prune(before);
+  if (deleted > 0) log.info("tokens.pruned", { deleted, expired_before: before.toISOString() });
+  return deleted;
+}
+
+/** One run of the whole retention, as the acting control plane does it every `periods.pruneEveryMs`. */
+export async function applyRetention(
+  store: Store,
+  options: Pick<MeshOptions, "events" | "tokenKeepForMs">,
+  now: Date,
+  log: Logger,
+): Promise<void> {
+  await pruneEvents(store, options.events, now, log);
+  await pruneTokens(store, options.tokenKeepForMs, now, log);
 }

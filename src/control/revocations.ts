@@ -1,21 +1,18 @@
 /**
  * Which broker identities must be refused now, derived from the store so every process computes the same set:
  * the identity of every token that was spent or revoked (until its own expiry makes the broker refuse it anyway),
- * the identity of every retired node, and every identity a node had before it enrolled again.
+ * the identity of every retired node, and every identity a node had before it enrolled again. Each is read by a
+ * query of its own, not by loading every token and node: this runs at every start, reconnection and burst of joins.
  */
 import type { Store } from "../store/index.js";
-import { tokenStatus } from "../store/index.js";
 
 export async function currentRevocations(store: Store, now: Date): Promise<Map<string, Date>> {
   const revoked = new Map<string, Date>();
-  for (const token of await store.tokens.list()) {
-    const ended = token.spentAt ?? token.revokedAt;
-    if (token.brokerCredential === null || ended === null) continue;
-    if (token.expiresAt <= now.toISOString()) continue;
-    revoked.set(brokerUserOf(token.brokerCredential), new Date(ended));
+  for (const token of await store.tokens.endedIdentities(now)) {
+    revoked.set(brokerUserOf(token.brokerCredential), new Date(token.endedAt));
   }
-  for (const node of await store.nodes.list()) {
-    if (node.state === "retired" && node.brokerUser !== null && node.retiredAt !== null) {
+  for (const node of await store.nodes.retired()) {
+    if (node.brokerUser !== null && node.retiredAt !== null) {
       revoked.set(node.brokerUser, new Date(node.retiredAt));
     }
   }
@@ -38,16 +35,10 @@ export function brokerUserOf(credential: string): string {
  * still be reading its reply). By token id.
  */
 export async function tokensToKeep(store: Store, now: Date, graceMs: number): Promise<Set<string>> {
-  const keep = new Set<string>();
-  const graceStart = new Date(now.getTime() - graceMs).toISOString();
-  for (const token of await store.tokens.list()) {
-    const ended = token.spentAt ?? token.revokedAt;
-    if (tokenStatus(token, now) === "valid" || (ended !== null && ended >= graceStart)) keep.add(token.id);
-  }
-  return keep;
+  return new Set(await store.tokens.validOrEndedSince(now, new Date(now.getTime() - graceMs)));
 }
 
 /** Nodes that were retired: what the broker kept for them (a RabbitMQ queue) goes. */
 export async function retiredNodes(store: Store): Promise<string[]> {
-  return (await store.nodes.list()).filter((node) => node.state === "retired").map((node) => node.name);
+  return (await store.nodes.retired()).map((node) => node.name);
 }

@@ -11,6 +11,7 @@ import { assertNodeName, boundText, encodeToken } from "../link/index.js";
 import type { Store, TokenRecord } from "../store/index.js";
 import { tokenStatus } from "../store/index.js";
 import type { RefusalLedger } from "./refusals.js";
+import { brokerUserOf, currentRevocations } from "./revocations.js";
 
 export interface IssuedToken {
   id: string;
@@ -28,6 +29,8 @@ export interface IssueRequest {
   now: Date;
   /** The broker the token joins through; without one the token carries no broker identity yet. */
   broker?: BrokerIdentities | undefined;
+  /** The lease epoch the issuing command acted under, kept with the audit line (none: null). */
+  epoch?: number | undefined;
 }
 
 export async function issueToken(store: Store, request: IssueRequest): Promise<IssuedToken> {
@@ -55,7 +58,7 @@ export async function issueToken(store: Store, request: IssueRequest): Promise<I
     at: request.now.toISOString(),
     kind: "token.issued",
     node: request.node,
-    epoch: null,
+    epoch: request.epoch ?? null,
     detail: { token: id, expires_at: expiresAt },
   });
   const token = encodeToken({
@@ -131,18 +134,50 @@ export async function spendToken(
 export type RevokeOutcome = "revoked" | "unknown" | "already_ended";
 
 /** Revokes a token in the store. The caller then has the broker refuse its identity (see syncRevocations). */
-export async function revokeToken(store: Store, id: string, now: Date): Promise<RevokeOutcome> {
-  const token = await store.tokens.find(id);
-  if (token === undefined) return "unknown";
-  if (!(await store.tokens.revoke(id, now))) return "already_ended";
-  await store.events.record({
-    at: now.toISOString(),
-    kind: "token.revoked",
-    node: token.node,
-    epoch: null,
-    detail: { token: id },
+export async function revokeToken(
+  store: Store,
+  id: string,
+  now: Date,
+  epoch?: number,
+): Promise<RevokeOutcome> {
+  return store.transaction(async (tx) => {
+    const token = await tx.tokens.find(id);
+    if (token === undefined) return "unknown";
+    if (!(await tx.tokens.revoke(id, now))) return "already_ended";
+    await tx.events.record({
+      at: now.toISOString(),
+      kind: "token.revoked",
+      node: token.node,
+      epoch: epoch ?? null,
+      detail: { token: id },
+    });
+    return "revoked";
   });
-  return "revoked";
+}
+
+/** A token revoked in the store, and what the broker must be told so it refuses the token's identity now. */
+export interface RevokedToken {
+  outcome: RevokeOutcome;
+  /** Every identity the broker must refuse now (the full current set). */
+  revocations: Map<string, Date>;
+  /** The token's broker user, when one was minted for it (its account ends at once on RabbitMQ). */
+  user: string | undefined;
+}
+
+/** Revokes a token and reads what the broker must then refuse (`mesh token revoke`). */
+export async function revokeTokenForBroker(
+  store: Store,
+  id: string,
+  now: Date,
+  epoch?: number,
+): Promise<RevokedToken> {
+  const outcome = await revokeToken(store, id, now, epoch);
+  const credential = (await store.tokens.find(id))?.brokerCredential ?? null;
+  return {
+    outcome,
+    revocations: await currentRevocations(store, now),
+    user: credential === null ? undefined : brokerUserOf(credential),
+  };
 }
 
 export function hashSecret(secret: string): string {

@@ -13,6 +13,7 @@ import { decodeSigningPublicKey, openDeclaration } from "../keys/index.js";
 import type { Declaration, Report } from "../link/index.js";
 import {
   boundText,
+  compareDeclarationOrder,
   emptyDigest,
   encodeMessage,
   parseDeclarationBytes,
@@ -134,8 +135,23 @@ export class Agent {
     const consuming = bus.consumeNode((message) =>
       message.kind === "receipt" ? this.receive(message.body) : this.enqueue(message.body),
     );
-    await this.tick();
-    this.aliveTimer = setInterval(() => void this.tick(), this.settings.aliveEveryMs);
+    // The first alive is part of starting: if the node's own state cannot be read at all, run() ends with that
+    // one-line failure (and the connection it opened is closed) rather than leave a node that looks connected.
+    await this.tick().catch(async (error: unknown) => {
+      await bus.close();
+      throw error;
+    });
+    // Afterwards a tick that fails (a state file read that failed once, a publish that threw) is logged and tried
+    // again at the next interval: the same work runs again then, and a node that can still take declarations must
+    // not die of an alive. What ends run() is the broker refusing the node (`closed` below), not a timer.
+    this.aliveTimer = setInterval(() => {
+      this.tick().catch((error: unknown) =>
+        this.settings.log.error("agent.tick_failed", {
+          error: errorText(error),
+          note: "tried again at the next interval",
+        }),
+      );
+    }, this.settings.aliveEveryMs);
     this.settings.log.info("agent.running", { node: this.node, broker: this.identity.broker.url });
     onRunning?.();
     const closed = await bus.closed();
@@ -183,9 +199,9 @@ export class Agent {
       this.settings.log.warn("agent.receipt_refused", { reason: errorText(error) });
       return Promise.resolve();
     }
-    const pending = this.state.loadSecret(pendingReportFile);
+    const pending = this.state.loadReport(pendingReportFile);
     if (pending === undefined) return Promise.resolve();
-    const { report_sequence: sequence } = JSON.parse(pending) as { report_sequence?: number };
+    const sequence = pending.report_sequence;
     if (receipt.node === this.node && receipt.report_sequence === sequence) {
       this.state.removeSecret(pendingReportFile);
       this.settings.onEvent?.({
@@ -237,14 +253,11 @@ export class Agent {
       // The very declaration already applied, delivered again (a resend crossed our alive): nothing to do or say.
       return;
     }
-    if (last !== undefined && declaration.epoch < last.epoch) {
+    if (last !== undefined && compareDeclarationOrder(declaration, last) <= 0) {
       return this.refuse(
-        `declaration refused: epoch ${declaration.epoch} is older than ${last.epoch}, the last applied`,
-      );
-    }
-    if (last !== undefined && declaration.epoch === last.epoch && declaration.sequence <= last.sequence) {
-      return this.refuse(
-        `declaration refused: sequence ${declaration.sequence} is not newer than ${last.sequence}, the last applied`,
+        declaration.epoch < last.epoch
+          ? `declaration refused: epoch ${declaration.epoch} is older than ${last.epoch}, the last applied`
+          : `declaration refused: sequence ${declaration.sequence} is not newer than ${last.sequence}, the last applied`,
       );
     }
 
@@ -292,14 +305,13 @@ export class Agent {
     this.settings.log.warn("agent.refused", { reason });
     this.counters.refused++;
     const last = this.state.lastApplied();
-    const held = this.state.loadSecret(heldItemsFile);
     const report = this.composeReport({
       epoch: last?.epoch ?? 0,
       sequence: last?.sequence ?? 0,
       digest: last?.digest ?? emptyDigest,
       outcome: "refused",
       reason,
-      items: held === undefined ? [] : (JSON.parse(held) as Report["items"]),
+      items: this.state.loadItems(heldItemsFile) ?? [],
     });
     await this.send(report);
   }

@@ -5,7 +5,7 @@ import type { Command } from "commander";
 import { parseDuration } from "../config/duration.js";
 import { UsageError } from "../errors.js";
 import { createLogger } from "../log.js";
-import { stdoutOutput } from "../cli/output.js";
+import { stdoutOutput } from "../program/output.js";
 import { Agent } from "./agent.js";
 import { join } from "./join.js";
 import { parseLabel } from "./profile.js";

@@ -2,13 +2,12 @@
  * The `file` applier: makes the files a declaration names exist with their content and mode, and removes the ones
  * it wrote earlier that are no longer declared — only those, never a file someone else put there.
  */
-import { randomBytes } from "node:crypto";
 import { lstatSync, mkdirSync, readFileSync } from "node:fs";
 import type { Stats } from "node:fs";
-import { mkdir, open, readFile, realpath, rename, rm, stat, unlink } from "node:fs/promises";
+import { mkdir, readFile, realpath, stat, unlink } from "node:fs/promises";
 import { basename, dirname, join, posix, relative } from "node:path";
 import { MeshError } from "../errors.js";
-import { writePrivateFile } from "../keys/index.js";
+import { NotFlushed, writeFileAtomically, writePrivateFile } from "../keys/index.js";
 import type { Declaration, Report } from "../link/index.js";
 import { HostStateError } from "./state.js";
 
@@ -123,27 +122,13 @@ export class FileApplier {
     const content = Buffer.from(item.content, "utf8");
     if (existing !== undefined && (await holds(target, existing, content, mode))) return;
 
-    const temp = join(parent, `.${basename(path)}.${randomBytes(6).toString("hex")}.tmp`);
     try {
-      const handle = await open(temp, "wx", mode);
-      try {
-        await handle.writeFile(content);
-        await handle.sync();
-        // After writing, so the umask cannot leave the file with less than its declared mode.
-        await handle.chmod(mode);
-      } finally {
-        await handle.close();
-      }
-      // A rename replaces a symbolic link at the target rather than writing through it.
-      await rename(temp, target);
+      // Atomic, with the declared mode from the start; a rename replaces a symbolic link at the target rather than
+      // writing through it.
+      writeFileAtomically(target, content, { mode });
     } catch (error) {
-      await rm(temp, { force: true });
-      throw error;
-    }
-    try {
-      await syncDirectory(parent);
-    } catch (error) {
-      const why = `written, but ${dirname(path)} could not be flushed to disk: ${messageOf(error)}`;
+      if (!(error instanceof NotFlushed)) throw error;
+      const why = `written, but ${dirname(path)} could not be flushed to disk: ${messageOf(error.cause)}`;
       throw new NotDurable(why, { cause: error });
     }
   }
@@ -260,16 +245,6 @@ async function holds(target: string, existing: Stats, content: Buffer, mode: num
 function isWithin(realRoot: string, real: string): boolean {
   const rel = relative(realRoot, real);
   return rel === "" || (rel !== ".." && !rel.startsWith("../") && !posix.isAbsolute(rel));
-}
-
-// A rename is only durable once the directory entry itself reaches the disk.
-async function syncDirectory(dir: string): Promise<void> {
-  const handle = await open(dir, "r");
-  try {
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
 }
 
 const errnoReasons: Record<string, string> = {

@@ -10,7 +10,7 @@ import { ContractError, decodeToken, encodeMessage, parseEnrolReply } from "../l
 import type { HostIdentity, StateStorage } from "./state.js";
 import { HostState } from "./state.js";
 import { machineProfile } from "./profile.js";
-import { meshVersion } from "../cli/version.js";
+import { meshVersion } from "../program/version.js";
 
 /** Where the node's own broker user seed is kept in the state dir. */
 export const brokerSeedFile = "broker-user.nk";

@@ -1,7 +1,7 @@
 /** `mesh-host`: the agent on every node. */
 import { Command } from "commander";
-import { runProgram } from "../cli/run.js";
-import { meshVersion } from "../cli/version.js";
+import { runProgram } from "../program/run.js";
+import { meshVersion } from "../program/version.js";
 import { registerHostCommands } from "./commands.js";
 import { registerTokenShow } from "./token-show.js";
 

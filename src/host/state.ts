@@ -19,7 +19,8 @@ import {
   signingPublicKeyOf,
   writePrivateFile,
 } from "../keys/index.js";
-import { declarationSchema, enrolReplySchema } from "../link/index.js";
+import { declarationSchema, enrolReplySchema, reportSchema } from "../link/index.js";
+import type { NodeCredential, Report } from "../link/index.js";
 
 /** The state directory's files, by what they hold. */
 export const stateFiles = {
@@ -53,17 +54,13 @@ export function resolveStateDir(flag?: string, env: NodeJS.ProcessEnv = process.
   return join(home, ".local", "state", "mesh-host");
 }
 
-/** The broker account the node uses for the rest of its life, as the enrol reply gave it. */
-export type BrokerCredential =
-  { type: "nats"; jwt: string } | { type: "amqp"; username: string; password: string };
-
 /** Who the node is once it has joined: everything it needs to reconnect after any restart without a person. */
 export interface HostIdentity {
   /** The node's authoritative name, from the token's node record. */
   node: string;
   /** The queue the node reads its declarations from. */
   queue: string;
-  broker: { url: string; credential: BrokerCredential };
+  broker: { url: string; credential: NodeCredential };
   /** The control plane's Ed25519 public key (base64 of the raw 32 bytes), pinned at enrolment. */
   signing_key: string;
   /** The fingerprint of `signing_key`. */
@@ -167,6 +164,28 @@ export class HostState {
    */
   loadSecret(name: string): string | undefined {
     return this.readIfPresent(this.secretFile(name), "private");
+  }
+
+  /**
+   * A report kept by {@link saveSecret} (the one waiting for its receipt), checked against the wire contract, or
+   * undefined when there is none.
+   * @throws HostStateError when the file exists but does not hold a report.
+   */
+  loadReport(name: string): Report | undefined {
+    const text = this.loadSecret(name);
+    return text === undefined ? undefined : this.parseJson(this.secretFile(name), text, reportSchema);
+  }
+
+  /**
+   * Report items kept by {@link saveSecret} (what the machine holds), checked against the wire contract, or
+   * undefined when there are none.
+   * @throws HostStateError when the file exists but does not hold a list of items.
+   */
+  loadItems(name: string): Report["items"] | undefined {
+    const text = this.loadSecret(name);
+    return text === undefined
+      ? undefined
+      : this.parseJson(this.secretFile(name), text, reportSchema.shape.items);
   }
 
   /** Removes a secret kept by {@link saveSecret}; removing one that is not there is not an error. */

@@ -5,7 +5,7 @@
 import type { Command } from "commander";
 import { UsageError } from "../errors.js";
 import { ContractError, decodeToken } from "../link/index.js";
-import { stdoutOutput } from "../cli/output.js";
+import { stdoutOutput } from "../program/output.js";
 
 export function registerTokenShow(program: Command): void {
   program

@@ -144,47 +144,102 @@ function keepPublicCopy(path: string, encoded: string, keyPath: string): void {
   }
 }
 
-type Publication = "replace" | "create-only";
-
 function writeAtomically(
   path: string,
   contents: string | Uint8Array,
   mode: number,
-  publication: Publication,
+  publication: "replace" | "create-only",
 ): void {
-  const dir = dirname(path);
-  const temp = join(dir, `.${basename(path)}.${randomBytes(6).toString("hex")}.tmp`);
-  let fd: number | undefined;
   try {
-    // "wx" makes a brand-new file, never one someone left there with other permissions; the mode is set at
-    // creation so the bytes are never visible more widely, and fchmod restores what a strict umask took away.
-    fd = openSync(temp, "wx", mode);
-    fchmodSync(fd, mode);
-    writeFileSync(fd, contents);
-    fsyncSync(fd);
-    closeSync(fd);
-    fd = undefined;
-    if (publication === "replace") {
-      renameSync(temp, path);
-    } else {
-      publishUnlessPresent(temp, path);
-    }
-    syncDirectory(dir);
+    writeFileAtomically(path, contents, { mode, publication });
   } catch (error) {
-    discardTemp(fd, temp, error);
     throw new KeyError(`could not write ${path}`, { cause: error });
   }
 }
 
+/*
+ * The one way the mesh replaces a file on disk: a new file beside it, created with its final mode, written, flushed,
+ * then renamed over the old one, and the directory flushed. A crash leaves the old file or the new one, never half
+ * of one, and the bytes are never visible with a wider mode than asked for. Keys, the control plane's records, the
+ * agent's state and the files a declaration names all go through it.
+ */
+
+export interface AtomicWriteOptions {
+  /** The file's mode, set when it is created (and again past the umask). */
+  mode: number;
+  /**
+   * "replace" (the default) renames over whatever is there. "create-only" publishes the file only when the name is
+   * free, atomically: a file someone made in the meantime is kept, and the answer says so.
+   */
+  publication?: "replace" | "create-only";
+}
+
+/**
+ * The file is in place under its name, but the directory entry could not be flushed: it is written, and a crash
+ * may still lose it. Callers that report what they wrote tell this apart from a write that did not happen.
+ */
+export class NotFlushed extends Error {
+  override name = "NotFlushed";
+}
+
+/**
+ * Writes `contents` to `path` atomically. Returns "written", or "present" when `publication` is "create-only" and the
+ * name was taken.
+ *
+ * @throws the file system's error when nothing was published; NotFlushed when it was but the directory was not
+ *   flushed; an AggregateError when the temporary file could not be removed either.
+ */
+export function writeFileAtomically(
+  path: string,
+  contents: string | Uint8Array,
+  options: AtomicWriteOptions,
+): "written" | "present" {
+  const dir = dirname(path);
+  const temp = join(dir, `.${basename(path)}.${randomBytes(6).toString("hex")}.tmp`);
+  let fd: number | undefined;
+  let outcome: "written" | "present";
+  try {
+    // "wx" makes a brand-new file, never one someone left there with other permissions; the mode is set at
+    // creation so the bytes are never visible more widely, and fchmod restores what a strict umask took away.
+    fd = openSync(temp, "wx", options.mode);
+    fchmodSync(fd, options.mode);
+    writeFileSync(fd, contents);
+    fsyncSync(fd);
+    closeSync(fd);
+    fd = undefined;
+    // A rename replaces a symbolic link at the target rather than writing through it.
+    if (options.publication === "create-only") {
+      outcome = publishUnlessPresent(temp, path);
+    } else {
+      renameSync(temp, path);
+      outcome = "written";
+    }
+  } catch (error) {
+    discardTemp(fd, temp, error);
+    throw error;
+  }
+  try {
+    syncDirectory(dir);
+  } catch (error) {
+    throw new NotFlushed(`written, but ${dir} could not be flushed to disk: ${messageOf(error)}`, {
+      cause: error,
+    });
+  }
+  return outcome;
+}
+
 // A hard link fails when the name exists, where a rename would silently replace it: this is how "create only if
 // absent" stays atomic. Finding the name taken is an answer, not a failure.
-function publishUnlessPresent(temp: string, path: string): void {
+function publishUnlessPresent(temp: string, path: string): "written" | "present" {
+  let outcome: "written" | "present" = "written";
   try {
     linkSync(temp, path);
   } catch (error) {
-    if (!isErrno(error, "EEXIST")) throw error;
+    if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
+    outcome = "present";
   }
   unlinkSync(temp);
+  return outcome;
 }
 
 // A rename is only durable once the directory entry itself reaches the disk.
@@ -202,14 +257,15 @@ function discardTemp(fd: number | undefined, temp: string, original: unknown): v
     if (fd !== undefined) closeSync(fd);
     rmSync(temp, { force: true });
   } catch (cleanupError) {
-    throw new KeyError(`could not write a key file, nor remove its temporary file ${temp}`, {
-      cause: new AggregateError([original, cleanupError]),
-    });
+    throw new AggregateError(
+      [original, cleanupError],
+      `could not write, nor remove the temporary file ${temp}`,
+    );
   }
 }
 
-function isErrno(error: unknown, code: string): boolean {
-  return error instanceof Error && (error as NodeJS.ErrnoException).code === code;
+function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
 }
 
 function octal(mode: number): string {

@@ -25,9 +25,11 @@ export { generateOverlayKeyPair, overlayKeyLength, overlayPublicKeyOf } from "./
 export type { OverlayKeyPair } from "./overlay.js";
 export {
   loadOrCreateSigningKey,
+  NotFlushed,
   readPrivateFile,
   signingKeyFile,
   signingPublicKeyFile,
+  writeFileAtomically,
   writePrivateFile,
 } from "./files.js";
-export type { SigningIdentity } from "./files.js";
+export type { AtomicWriteOptions, SigningIdentity } from "./files.js";

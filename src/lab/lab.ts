@@ -16,6 +16,7 @@ import { diskStorage, HostState, memoryStorage } from "../host/state.js";
 import { Agent } from "../host/agent.js";
 import type { AgentEvent, OpenNodeBus } from "../host/agent.js";
 import { join } from "../host/join.js";
+import { compareDeclarationOrder } from "../link/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
@@ -219,11 +220,7 @@ export class Lab {
       applied++;
       const key = `${status.applied.epoch}/${status.applied.sequence}`;
       holds.set(key, (holds.get(key) ?? 0) + 1);
-      if (
-        newest === undefined ||
-        status.applied.epoch > newest.epoch ||
-        (status.applied.epoch === newest.epoch && status.applied.sequence > newest.sequence)
-      )
+      if (newest === undefined || compareDeclarationOrder(status.applied, newest) > 0)
         newest = status.applied;
     }
     return {

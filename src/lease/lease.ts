@@ -31,6 +31,14 @@ export interface LeaseRecord {
   revision: number;
 }
 
+/**
+ * Where a lease is kept as a row when the broker keeps none (RabbitMQ has no compare-and-set store): the mesh's
+ * store. Stated here so the bus can ask for it without knowing the store.
+ */
+export interface LeaseStore {
+  lease(ttlMs: number): LeaseBackend;
+}
+
 /** The stores a lease can live in (a NATS key-value bucket, a SQL row), in the lease's words. */
 export interface LeaseBackend {
   /** A name for logs: where the lease lives. */

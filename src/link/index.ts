@@ -36,6 +36,7 @@ export {
   enrolSchema,
   messageKinds,
   messageSchemas,
+  nodeCredentialSchema,
   reportSchema,
 } from "./messages.js";
 export type {
@@ -49,6 +50,7 @@ export type {
   Message,
   MessageKind,
   MessageOf,
+  NodeCredential,
   Report,
 } from "./messages.js";
 export {
@@ -85,9 +87,16 @@ export type {
   WritersRow,
   WritersTable,
 } from "./writers.js";
-export { decodeToken, encodeToken, tokenContentSchema } from "./token-string.js";
-export type { TokenContent } from "./token-string.js";
-export { accountOfReport, compareOrder, judgeReport, olderThan, reportOrder } from "./ordering.js";
+export { decodeToken, encodeToken, tokenContentSchema, tokenCredentialSchema } from "./token-string.js";
+export type { TokenContent, TokenCredential } from "./token-string.js";
+export {
+  accountOfReport,
+  compareDeclarationOrder,
+  compareOrder,
+  judgeReport,
+  olderThan,
+  reportOrder,
+} from "./ordering.js";
 export type {
   DeclarationOrder,
   DeclarationOrderOfDigest,
@@ -96,3 +105,7 @@ export type {
   ReportOrder,
 } from "./ordering.js";
 export { emptyDigest, itemsDigest } from "./digest.js";
+export { checkDeclaredFiles, fileItemsOf } from "./declaration-file.js";
+export type { DeclaredFileInput } from "./declaration-file.js";
+export { holderRecordSchema, parseHolderRecord } from "./lease-record.js";
+export type { HolderRecord } from "./lease-record.js";

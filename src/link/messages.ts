@@ -107,7 +107,8 @@ export const enrolSchema = z.object({
   sent_at: timestamp,
 });
 
-const brokerCredential = z.discriminatedUnion("type", [
+/** The long-lived broker identity an enrolled node receives in the enrol reply, and keeps in its state. */
+export const nodeCredentialSchema = z.discriminatedUnion("type", [
   z.object({
     type: z.literal("nats"),
     jwt: z.string().regex(/^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$/, { error: "expected a JWT" }),
@@ -128,7 +129,7 @@ export const enrolReplySchema = z.discriminatedUnion("accepted", [
         protocol: /^(nats|tls|wss?|amqps?)$/,
         error: "expected a broker URL (nats, tls, ws, amqp)",
       }),
-      credential: brokerCredential,
+      credential: nodeCredentialSchema,
     }),
     signing_key: ed25519PublicKey,
     fingerprint,
@@ -277,6 +278,8 @@ export const messageKinds = Object.keys(messageSchemas) as MessageKind[];
 /** The message of one kind, as parsed (defaults filled in). */
 export type MessageOf<K extends MessageKind> = z.infer<(typeof messageSchemas)[K]>;
 
+/** The broker identity an enrolled node lives with: a NATS user JWT (its seed stays on the node) or a RabbitMQ account. */
+export type NodeCredential = z.infer<typeof nodeCredentialSchema>;
 /** A joining node's enrolment. */
 export type Enrol = MessageOf<"enrol">;
 /** The control plane's answer to an enrolment: accepted with credentials, or refused with a reason. */

@@ -102,7 +102,7 @@ export function judgeReport(
   // A kept account whose declaration can no longer be found cannot be placed, so nothing shows the report is older.
   if (keptDeclaration === undefined) return accept;
 
-  if (compareDeclarations(incomingDeclaration, keptDeclaration) < 0) {
+  if (compareDeclarationOrder(incomingDeclaration, keptDeclaration) < 0) {
     return refuse(
       `older: the report is about the declaration at ${showDeclaration(incomingDeclaration)}, ` +
         `older than the kept account's at ${showDeclaration(keptDeclaration)}`,
@@ -111,7 +111,11 @@ export function judgeReport(
   return accept;
 }
 
-function compareDeclarations(a: DeclarationOrder, b: DeclarationOrder): -1 | 0 | 1 {
+/**
+ * Compares two declarations' places in the control plane's order: by epoch, then by sequence within it. Every
+ * "is this declaration newer" question (the node's, the resend of the latest, the lab's) is this one comparison.
+ */
+export function compareDeclarationOrder(a: DeclarationOrder, b: DeclarationOrder): -1 | 0 | 1 {
   return compareNumbers(a.epoch, b.epoch) || compareNumbers(a.sequence, b.sequence);
 }
 

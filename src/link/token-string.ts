@@ -7,6 +7,14 @@ import { ContractError } from "./errors.js";
 
 const prefix = "mesh1_";
 
+/** The token's own broker identity: what `mesh-host join` connects with, until the enrol reply gives the node its own. */
+export const tokenCredentialSchema = z.discriminatedUnion("type", [
+  z.strictObject({ type: z.literal("nats"), jwt: z.string().min(1), seed: z.string().min(1) }),
+  z.strictObject({ type: z.literal("amqp"), username: z.string().min(1) }),
+]);
+
+export type TokenCredential = z.infer<typeof tokenCredentialSchema>;
+
 /** What the token carries. `broker` is where the broker address and the token's own broker identity go. */
 export const tokenContentSchema = z.strictObject({
   /** The token's id: what `mesh token list` and `mesh token revoke` name. */
@@ -21,10 +29,7 @@ export const tokenContentSchema = z.strictObject({
   broker: z
     .strictObject({
       url: z.string().min(1),
-      credential: z.discriminatedUnion("type", [
-        z.strictObject({ type: z.literal("nats"), jwt: z.string().min(1), seed: z.string().min(1) }),
-        z.strictObject({ type: z.literal("amqp"), username: z.string().min(1) }),
-      ]),
+      credential: tokenCredentialSchema,
     })
     .nullable(),
   expires_at: z.iso.datetime(),

@@ -1,5 +1,7 @@
 /** The audit trail: one row per decision the mesh made. */
 import type { Kysely, Selectable } from "kysely";
+import { z } from "zod";
+import { StoreError } from "../errors.js";
 import type { Database, EventTable } from "./schema.js";
 import { StatementTexts } from "./statements.js";
 import { inTransaction, slices } from "./transaction.js";
@@ -108,6 +110,21 @@ function toEvent(row: Selectable<EventTable>): StoredEvent {
     kind: row.kind,
     node: row.node,
     epoch: row.epoch,
-    detail: JSON.parse(row.detail) as Record<string, unknown>,
+    detail: detailOf(row),
   };
+}
+
+/** An event's detail as written: a JSON object. Anything else in the row is reported, naming the event. */
+const detailSchema = z.record(z.string(), z.unknown());
+
+function detailOf(row: Selectable<EventTable>): Record<string, unknown> {
+  let value: unknown;
+  try {
+    value = JSON.parse(row.detail);
+  } catch (error) {
+    throw new StoreError(`event ${row.id}: its detail is not JSON`, { cause: error });
+  }
+  const result = detailSchema.safeParse(value);
+  if (!result.success) throw new StoreError(`event ${row.id}: its detail is not a JSON object`);
+  return result.data;
 }

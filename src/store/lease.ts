@@ -5,6 +5,7 @@
  */
 import type { Kysely } from "kysely";
 import type { HolderInfo, LeaseBackend, LeaseRecord } from "../lease/lease.js";
+import { parseHolderRecord } from "../link/index.js";
 import type { Database } from "./schema.js";
 
 const row = "holder";
@@ -76,7 +77,7 @@ export class SqlLease implements LeaseBackend {
       .where("expires_at", ">", this.now().toISOString())
       .executeTakeFirst();
     if (current?.holder == null) return undefined;
-    return { holder: JSON.parse(current.holder) as HolderInfo, revision: current.revision };
+    return { holder: parseHolderRecord(current.holder, this.where), revision: current.revision };
   }
 
   async raiseAbove(floor: number): Promise<boolean> {

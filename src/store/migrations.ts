@@ -187,6 +187,19 @@ const oneNodePerBrokerUser: NumberedMigration = () => ({
   },
 });
 
+/**
+ * Tokens found by their expiry: revocation sync reads only the tokens not yet expired, and the retention deletes
+ * those expired long ago, both far fewer than every token ever issued.
+ */
+const tokensByExpiry: NumberedMigration = () => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema.createIndex("tokens_expires_at").on("tokens").column("expires_at").execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema.dropIndex("tokens_expires_at").execute();
+  },
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
@@ -195,6 +208,7 @@ const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0005_controller_no_epoch", controllerNoEpoch],
   ["0006_events_by_node", eventsByNode],
   ["0007_one_node_per_broker_user", oneNodePerBrokerUser],
+  ["0008_tokens_by_expiry", tokensByExpiry],
 ];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {

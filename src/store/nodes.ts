@@ -55,6 +55,17 @@ export class NodeQueries {
     return rows.map((row) => row.name);
   }
 
+  /** The retired nodes, in name order, with the broker identity each held and when it was retired. */
+  async retired(): Promise<Array<{ name: string; brokerUser: string | null; retiredAt: string | null }>> {
+    const rows = await this.db
+      .selectFrom("nodes")
+      .select(["name", "broker_user", "retired_at"])
+      .where("state", "=", "retired")
+      .orderBy("name")
+      .execute();
+    return rows.map((row) => ({ name: row.name, brokerUser: row.broker_user, retiredAt: row.retired_at }));
+  }
+
   /** The node whose broker identity this is (enrolled, invited again or retired), if any. */
   async holderOfBrokerUser(brokerUser: string): Promise<string | undefined> {
     const row = await this.db

@@ -5,7 +5,8 @@
 import { closeSync, mkdirSync, openSync } from "node:fs";
 import { dirname } from "node:path";
 import SqliteDatabase from "better-sqlite3";
-import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from "kysely";
+import { CompiledQuery, Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from "kysely";
+import type { DatabaseConnection, Driver } from "kysely";
 import { StoreError } from "../errors.js";
 import { AccountQueries } from "./accounts.js";
 import { CounterQueries } from "./counters.js";
@@ -108,7 +109,9 @@ async function connect(location: StoreLocation, url: string): Promise<Kysely<Dat
       file.pragma("synchronous = NORMAL");
       file.pragma("busy_timeout = 5000");
       file.pragma("foreign_keys = ON");
-      return new Kysely<Database>({ dialect: new SqliteDialect({ database: withStatementCache(file) }) });
+      return new Kysely<Database>({
+        dialect: new ImmediateSqliteDialect({ database: withStatementCache(file) }),
+      });
     }
     case "postgres": {
       // Loaded only for PostgreSQL: most commands run on SQLite, and loading the driver is a good part of a
@@ -193,4 +196,19 @@ function withStatementCache(file: SqliteDatabase.Database): SqliteDatabase.Datab
       return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
     },
   });
+}
+
+/**
+ * SQLite transactions that take the write lock when they begin. A deferred one (SQLite's default) that reads and
+ * then writes while another process writes fails at once with SQLITE_BUSY — the busy timeout cannot help a read lock
+ * that must become a write lock — and every transaction of the mesh writes.
+ */
+class ImmediateSqliteDialect extends SqliteDialect {
+  override createDriver(): Driver {
+    const driver = super.createDriver();
+    driver.beginTransaction = async (connection: DatabaseConnection): Promise<void> => {
+      await connection.executeQuery(CompiledQuery.raw("begin immediate"));
+    };
+    return driver;
+  }
 }

@@ -125,6 +125,73 @@ export class TokenQueries {
     return row?.next ?? undefined;
   }
 
+  /**
+   * The broker identities the broker must still refuse for tokens: those of tokens that ended (spent or revoked)
+   * and have not yet expired, with when each ended. Once a token expires the broker refuses its identity by itself.
+   */
+  async endedIdentities(now: Date): Promise<Array<{ brokerCredential: string; endedAt: string }>> {
+    const rows = await this.db
+      .selectFrom("tokens")
+      .select(["broker_credential", "spent_at", "revoked_at"])
+      .where("broker_credential", "is not", null)
+      .where((eb) => eb.or([eb("spent_at", "is not", null), eb("revoked_at", "is not", null)]))
+      .where("expires_at", ">", now.toISOString())
+      .orderBy("id")
+      .execute();
+    return rows.flatMap((row) => {
+      const endedAt = row.spent_at ?? row.revoked_at;
+      return row.broker_credential === null || endedAt === null
+        ? []
+        : [{ brokerCredential: row.broker_credential, endedAt }];
+    });
+  }
+
+  /** The ids of the tokens still valid at `now`, and of those that ended (spent or revoked) at `endedSince` or later. */
+  async validOrEndedSince(now: Date, endedSince: Date): Promise<string[]> {
+    const at = now.toISOString();
+    const since = endedSince.toISOString();
+    const rows = await this.db
+      .selectFrom("tokens")
+      .select("id")
+      .where((eb) =>
+        eb.or([
+          eb.and([eb("spent_at", "is", null), eb("revoked_at", "is", null), eb("expires_at", ">", at)]),
+          eb("spent_at", ">=", since),
+          eb.and([eb("spent_at", "is", null), eb("revoked_at", ">=", since)]),
+        ]),
+      )
+      .orderBy("id")
+      .execute();
+    return rows.map((row) => row.id);
+  }
+
+  /** The tokens of one node that are still valid at `now`. */
+  async validFor(node: string, now: Date): Promise<TokenRecord[]> {
+    const rows = await this.db
+      .selectFrom("tokens")
+      .selectAll()
+      .where("node", "=", node)
+      .where("spent_at", "is", null)
+      .where("revoked_at", "is", null)
+      .where("expires_at", ">", now.toISOString())
+      .orderBy("id")
+      .execute();
+    return rows.map(toRecord);
+  }
+
+  /**
+   * Deletes the tokens that expired before `expiredBefore`: spent, revoked or never used, they can no longer be
+   * spent, and their broker identities are refused by the broker itself since their expiry (every token ends at its
+   * expiry at the latest, so nothing revocation needs goes). Returns how many went.
+   */
+  async prune(expiredBefore: Date): Promise<number> {
+    const result = await this.db
+      .deleteFrom("tokens")
+      .where("expires_at", "<", expiredBefore.toISOString())
+      .executeTakeFirst();
+    return Number(result.numDeletedRows);
+  }
+
   /** Keeps the broker identity minted for a token, so it can be revoked when the token ends. */
   async setBrokerCredential(id: string, credential: string): Promise<void> {
     await this.db.updateTable("tokens").set({ broker_credential: credential }).where("id", "=", id).execute();

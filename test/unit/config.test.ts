@@ -38,11 +38,20 @@ test("config — defaults when nothing is set", () => {
     tokenTtlMs: 3_600_000,
     tokenGraceMs: 2000,
     tokenSweepEveryMs: 60_000,
+    tokenKeepForMs: 7 * 86_400_000,
     historyLimit: 50,
     events: { keepForMs: 30 * 86_400_000, keepAtMost: 1_000_000 },
     lease: { renewEveryMs: 5000, ttlMs: 15_000, marginMs: 3000 },
     metrics: undefined,
     rabbitmqApi: undefined,
+    periods: {
+      flushEveryMs: 1000,
+      livenessEveryMs: 5000,
+      resendAfterMs: 5000,
+      tokenLookEveryMs: 1000,
+      pruneEveryMs: 600_000,
+      noEpochLogEveryMs: 60_000,
+    },
   });
 });
 

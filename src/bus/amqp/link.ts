@@ -210,18 +210,57 @@ export class AmqpLink {
   }
 }
 
+/** AMQP reply codes (amqplib's `code` on a closed channel or connection) that refuse who we are or what we did. */
+const refusedCodes: ReadonlySet<number> = new Set([
+  403, // ACCESS_REFUSED: a wrong password, a deleted account, a publish or consume outside the account's permissions
+  530, // NOT_ALLOWED: no access to the vhost
+]);
+
+/** Socket errors (Node's `code`) that mean the broker cannot be reached, as opposed to refusing us. */
+const unreachableCodes: ReadonlySet<string> = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ETIMEDOUT",
+]);
+
 function isRefusedLogin(error: Error): boolean {
-  return /ACCESS[-_]REFUSED|403/.test(error.message);
+  const code = replyCodeOf(error);
+  return code !== undefined && refusedCodes.has(code);
 }
 
-/** The mesh's reading of an amqplib error. */
+/**
+ * The AMQP reply code of an amqplib error. A channel or connection closed by the broker carries it as `code`; a
+ * refusal during the opening handshake (a wrong password, a deleted account) does not in amqplib 2.3, whose only
+ * record of the broker's code is its "Handshake terminated by server: 403 (ACCESS-REFUSED) …" message.
+ */
+function replyCodeOf(error: unknown): number | undefined {
+  if (!(error instanceof Error)) return undefined;
+  const code: unknown = (error as { code?: unknown }).code;
+  if (typeof code === "number") return code;
+  const handshake = /^Handshake terminated by server: (\d{3}) /.exec(error.message);
+  return handshake?.[1] === undefined ? undefined : Number(handshake[1]);
+}
+
+/** Whether the socket never got through: Node's code, or amqplib's own connect timeout (which carries none). */
+function isUnreachable(error: unknown): boolean {
+  if (!(error instanceof Error)) return false;
+  const code: unknown = (error as NodeJS.ErrnoException).code;
+  return (typeof code === "string" && unreachableCodes.has(code)) || error.message === "connect ETIMEDOUT";
+}
+
+/** The mesh's reading of an amqplib error: by the broker's reply code and Node's error code, not the text. */
 export function asAmqpError(error: unknown, where: string): BusError {
   if (error instanceof BusError) return error;
   const message = error instanceof Error ? error.message : String(error);
-  if (/ACCESS[-_]REFUSED|403|NOT_ALLOWED|user_id property set/i.test(message)) {
+  const replyCode = replyCodeOf(error);
+  if (replyCode !== undefined && refusedCodes.has(replyCode)) {
     return new BrokerRefusedIdentity(`the broker at ${where} refused this: ${message}`, { cause: error });
   }
-  if (/ECONNREFUSED|ENOTFOUND|EHOSTUNREACH|ETIMEDOUT|timeout/i.test(message)) {
+  if (isUnreachable(error)) {
     return new BusError("broker_unreachable", `cannot reach the broker at ${where}: ${message}`, {
       cause: error,
     });

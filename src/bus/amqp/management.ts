@@ -2,6 +2,7 @@
  * The RabbitMQ management HTTP API, for what AMQP itself cannot do: users, their permissions on the mesh's vhost,
  * and the vhost. Every failure names the call and what the broker answered.
  */
+import { z } from "zod";
 import { BusError } from "../errors.js";
 import { controlQueue, escapeRegex } from "../../link/index.js";
 import type { RabbitPermissions } from "../../link/index.js";
@@ -103,8 +104,8 @@ export class RabbitManagement {
   /** The names of every user on the broker. */
   async users(): Promise<string[]> {
     const response = await this.request("GET", "/users?columns=name");
-    const body = (await response.json()) as { name?: unknown }[];
-    return body.flatMap((user) => (typeof user.name === "string" ? [user.name] : []));
+    const body = await answerOf(response, "GET /users", usersAnswer);
+    return body.map((user) => user.name);
   }
 
   async setPermissions(vhost: string, user: string, permissions: RabbitPermissions): Promise<void> {
@@ -129,33 +130,31 @@ export class RabbitManagement {
   ): Promise<{ consumers: number; messages: number; active_consumer?: string } | undefined> {
     const response = await this.request("GET", `/queues/${enc(vhost)}/${enc(queue)}`, undefined, [404]);
     if (response.status === 404) return undefined;
-    const body = (await response.json()) as {
-      consumers?: number;
-      messages?: number;
-      single_active_consumer_tag?: string;
-    };
+    const body = await answerOf(response, "GET /queues", queueAnswer);
     return {
       consumers: body.consumers ?? 0,
       messages: body.messages ?? 0,
-      ...(body.single_active_consumer_tag === undefined
-        ? {}
-        : { active_consumer: body.single_active_consumer_tag }),
+      // The broker answers null while no consumer is active.
+      ...(typeof body.single_active_consumer_tag === "string"
+        ? { active_consumer: body.single_active_consumer_tag }
+        : {}),
     };
   }
 
   /** The connections of one user: what deleting a user closes. */
   async connectionsOf(user: string): Promise<number> {
     const response = await this.request("GET", "/connections?columns=user");
-    const body = (await response.json()) as { user?: string }[];
+    const body = await answerOf(response, "GET /connections", connectionsAnswer);
     return body.filter((connection) => connection.user === user).length;
   }
 
   /** The connections open on a vhost, by name and user. The broker lists a new connection some seconds late. */
   async connectionsIn(vhost: string): Promise<{ name: string; user: string }[]> {
     const response = await this.request("GET", `/vhosts/${enc(vhost)}/connections?columns=name,user`);
-    const body = (await response.json()) as { name?: unknown; user?: unknown }[];
+    const body = await answerOf(response, "GET /vhosts/…/connections", connectionsAnswer);
     return body.flatMap((connection) =>
-      typeof connection.name === "string" && typeof connection.user === "string"
+      // A connection still opening is listed before its name and user are known: it is not one to report yet.
+      connection.name !== undefined && connection.user !== undefined
         ? [{ name: connection.name, user: connection.user }]
         : [],
     );
@@ -232,12 +231,44 @@ export async function boundControlQueue(
   });
 }
 
-/** The user a bulk delete stopped at: the broker answers `{"reason": ["no_such_user", name]}`. */
+/** What the management API answers, as far as the mesh reads it (it sends much more; the rest is ignored). */
+const usersAnswer = z.array(z.object({ name: z.string() }));
+const queueAnswer = z.object({
+  consumers: z.number().int().nonnegative().optional(),
+  messages: z.number().int().nonnegative().optional(),
+  single_active_consumer_tag: z.string().nullish(),
+});
+const connectionsAnswer = z.array(z.object({ name: z.string().optional(), user: z.string().optional() }));
+/** A bulk delete that stopped at a user that no longer exists: `{"reason": ["no_such_user", name]}`. */
+const missingUserAnswer = z.object({ reason: z.tuple([z.literal("no_such_user"), z.string()]) });
+
+/** The answer's body, checked against what the mesh reads from it; an answer of another shape names the call. */
+async function answerOf<T>(response: Response, call: string, schema: z.ZodType<T>): Promise<T> {
+  const text = await response.text();
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw new BusError("broker", `the RabbitMQ management API's answer to ${call} is not JSON`, {
+      cause: error,
+    });
+  }
+  const result = schema.safeParse(value);
+  if (!result.success) {
+    const issue = result.error.issues[0];
+    const where = issue === undefined || issue.path.length === 0 ? "" : `${issue.path.join(".")}: `;
+    throw new BusError(
+      "broker",
+      `the RabbitMQ management API's answer to ${call} is not what the mesh reads: ${where}${issue?.message ?? "invalid"}`,
+    );
+  }
+  return result.data;
+}
+
+/** The user a bulk delete stopped at, or undefined when the broker refused it for another reason. */
 function missingUserIn(answer: unknown): string | undefined {
-  const reason = (answer as { reason?: unknown } | null)?.reason;
-  return Array.isArray(reason) && reason[0] === "no_such_user" && typeof reason[1] === "string"
-    ? reason[1]
-    : undefined;
+  const result = missingUserAnswer.safeParse(answer);
+  return result.success ? result.data.reason[1] : undefined;
 }
 
 function enc(part: string): string {

@@ -3,7 +3,14 @@
  * at once, without a restart (the server disconnects the revoked users and refuses them from then on).
  */
 import type { NatsConnection } from "@nats-io/transport-node";
+import { z } from "zod";
 import { MeshError } from "../../errors.js";
+
+/** The server's answer to a claims update: `{"data":{"code":200,…}}`, or `{"error":{"code":…,"description":…}}`. */
+const updateAnswer = z.object({
+  data: z.object({ code: z.number().optional() }).optional(),
+  error: z.object({ code: z.number().optional(), description: z.string().optional() }).optional(),
+});
 
 export async function pushAccountUpdate(
   system: NatsConnection,
@@ -13,7 +20,14 @@ export async function pushAccountUpdate(
   const reply = await system.request(`$SYS.REQ.ACCOUNT.${accountPublicKey}.CLAIMS.UPDATE`, accountJwt, {
     timeout: 5000,
   });
-  const answer = reply.json<{ data?: { code?: number }; error?: { code?: number; description?: string } }>();
+  let answer: z.infer<typeof updateAnswer>;
+  try {
+    answer = updateAnswer.parse(JSON.parse(reply.string()));
+  } catch (error) {
+    throw new MeshError("nats_account_update", "the broker's answer to the account update is not one", {
+      cause: error,
+    });
+  }
   if (answer.error !== undefined || answer.data?.code !== 200) {
     throw new MeshError(
       "nats_account_update",

@@ -1,6 +1,14 @@
 /** Connecting to NATS with a user JWT, with the client's failures turned into the mesh's errors. */
 import type { Authenticator, NatsConnection } from "@nats-io/transport-node";
-import { connect } from "@nats-io/transport-node";
+import {
+  AuthorizationError,
+  connect,
+  ConnectionError,
+  PermissionViolationError,
+  RequestError,
+  TimeoutError,
+  UserAuthenticationExpiredError,
+} from "@nats-io/transport-node";
 import { encode, fromSeed } from "@nats-io/nkeys";
 import { fastSigner } from "./authority.js";
 import { BrokerRefusedIdentity, BusError } from "../errors.js";
@@ -60,19 +68,47 @@ function jwtSigner(identity: NatsIdentity): Authenticator {
   });
 }
 
-/** The mesh's reading of a NATS client error. */
+/** Socket errors (Node's `code`) that mean the broker cannot be reached, as opposed to refusing us. */
+const unreachableCodes: ReadonlySet<string> = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ETIMEDOUT",
+]);
+
+/** The mesh's reading of a NATS client error: by the client's error classes and Node's codes, never its text. */
 export function asBusError(error: unknown, url: string): BusError {
   if (error instanceof BusError) return error;
   const message = error instanceof Error ? error.message : String(error);
-  if (/authori[sz]ation|authentication|expired|revoked|permissions violation/i.test(message)) {
+  // A request's failure arrives as a RequestError with the server's error as its cause (a refused subscription to
+  // the reply subject, say): the cause is what happened.
+  const what = error instanceof RequestError && error.cause !== undefined ? error.cause : error;
+  if (
+    what instanceof AuthorizationError ||
+    what instanceof UserAuthenticationExpiredError ||
+    what instanceof PermissionViolationError
+  ) {
     return new BrokerRefusedIdentity(`the broker at ${url} refused this identity: ${message}`, {
       cause: error,
     });
   }
-  if (/ECONNREFUSED|ENOTFOUND|EHOSTUNREACH|timeout/i.test(message)) {
+  // The client turns a refused socket into a ConnectionError; other socket errors come through with Node's code.
+  if (
+    what instanceof ConnectionError ||
+    what instanceof TimeoutError ||
+    unreachableCodes.has(errnoOf(what))
+  ) {
     return new BusError("broker_unreachable", `cannot reach the broker at ${url}: ${message}`, {
       cause: error,
     });
   }
   return new BusError("broker", `broker error at ${url}: ${message}`, { cause: error });
+}
+
+function errnoOf(error: unknown): string {
+  const code = error instanceof Error ? (error as NodeJS.ErrnoException).code : undefined;
+  return typeof code === "string" ? code : "";
 }

@@ -11,6 +11,7 @@ import {
   DeliverPolicy,
   DiscardPolicy,
   jetstream,
+  JetStreamApiCodes,
   JetStreamApiError,
   jetstreamManager,
   RetentionPolicy,
@@ -271,6 +272,7 @@ function streamRefused(config: Partial<StreamConfig> & { name: string }, error: 
   });
 }
 
+/** The stream does not exist yet: the API answers with code 10059 (the client's StreamNotFoundError). */
 function isNotFound(error: unknown): boolean {
-  return error instanceof Error && /not found/i.test(error.message);
+  return error instanceof JetStreamApiError && error.code === JetStreamApiCodes.StreamNotFound;
 }

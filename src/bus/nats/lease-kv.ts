@@ -9,6 +9,7 @@ import type { KV, KvEntry, KvWatchEntry } from "@nats-io/kv";
 import { Kvm, KvWatchInclude } from "@nats-io/kv";
 import type { QueuedIterator } from "@nats-io/transport-node";
 import type { HolderInfo, LeaseBackend, LeaseRecord } from "../../lease/lease.js";
+import { parseHolderRecord } from "../../link/index.js";
 import { BusError } from "../errors.js";
 
 export const leaseBucket = "mesh-controller_lease";
@@ -22,9 +23,9 @@ const wrongLastSequence = 10071;
  * against the broker's time of writing, as the SQL lease judges by the controllers' clocks: they must agree to
  * well within the lease's margin, the time a holder stops acting before its life ends.
  */
-function outlived(entry: KvEntry): boolean {
-  const life = entry.json<HolderInfo>().ttl_ms;
-  return typeof life === "number" && entry.created.getTime() + life <= Date.now();
+function outlived(entry: KvEntry, holder: HolderInfo): boolean {
+  const life = holder.ttl_ms;
+  return life !== undefined && entry.created.getTime() + life <= Date.now();
 }
 
 export class NatsKvLease implements LeaseBackend {
@@ -68,7 +69,8 @@ export class NatsKvLease implements LeaseBackend {
     if (outcome.written) return outcome.revision;
     // Held — or left by a holder that stopped renewing, on a shorter life than the bucket keeps entries now.
     const entry = await this.kv.get(key);
-    if (entry === null || entry.operation !== "PUT" || !outlived(entry)) return undefined;
+    if (entry === null || entry.operation !== "PUT" || !outlived(entry, this.holderOf(entry)))
+      return undefined;
     // Cleared only if nothing was written since it was read, then taken as if given back.
     const cleared = await this.unlessStale(async () => {
       await this.kv.delete(key, { previousSeq: entry.revision });
@@ -94,8 +96,15 @@ export class NatsKvLease implements LeaseBackend {
 
   async read(): Promise<LeaseRecord | undefined> {
     const entry = await this.kv.get(key);
-    if (entry === null || entry.operation !== "PUT" || outlived(entry)) return undefined;
-    return { holder: entry.json<HolderInfo>(), revision: entry.revision };
+    if (entry === null || entry.operation !== "PUT") return undefined;
+    const holder = this.holderOf(entry);
+    if (outlived(entry, holder)) return undefined;
+    return { holder, revision: entry.revision };
+  }
+
+  /** The holder an entry names, checked: a damaged record is an error naming the bucket, not a holder. */
+  private holderOf(entry: KvEntry): HolderInfo {
+    return parseHolderRecord(entry.string(), this.where);
   }
 
   async raiseAbove(floor: number): Promise<boolean> {

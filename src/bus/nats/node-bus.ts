@@ -1,6 +1,11 @@
 /** A node on NATS: its own identity, its own subjects, and nothing else (the server enforces that). */
 import type { NatsConnection } from "@nats-io/transport-node";
-import { PermissionViolationError } from "@nats-io/transport-node";
+import {
+  NoRespondersError,
+  PermissionViolationError,
+  RequestError,
+  TimeoutError,
+} from "@nats-io/transport-node";
 import {
   controlSubject,
   declarationSubject,
@@ -115,11 +120,11 @@ export class NatsEnrolmentBus implements EnrolmentBus {
       ]);
       return reply.data;
     } catch (error) {
-      const message = error instanceof Error ? error.message : String(error);
-      if (/no responders/i.test(message) || (error as { name?: string }).name === "NoRespondersError") {
+      // The client wraps a no-responders status in a RequestError; a timeout comes as its own class.
+      if (error instanceof NoRespondersError || (error instanceof RequestError && error.isNoResponders())) {
         throw new NobodyAnswers(`no control plane is answering at ${this.url}`, { cause: error });
       }
-      if (/timeout/i.test(message)) {
+      if (error instanceof TimeoutError) {
         throw new BusError(
           "timeout",
           `the control plane at ${this.url} did not answer within ${timeoutMs} ms`,

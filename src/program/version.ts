@@ -1,7 +1,7 @@
 import { readFileSync } from "node:fs";
 
 /**
- * The package version, read from package.json next to the build: two levels up from src/cli/, dist/cli/ and
+ * The package version, read from package.json next to the build: two levels up from src/program/, dist/program/ and
  * dist/bundle/ alike (scripts/bundle.mjs keeps the bundles at that depth).
  */
 export function meshVersion(): string {

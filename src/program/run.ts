@@ -1,12 +1,13 @@
 /**
- * Runs a commander program with the mesh's exit codes: 0 ok, 1 failure, 2 bad usage. Every failure is one clear
- * line on stderr; MESH_DEBUG=1 adds the stack and causes.
+ * Runs a commander program with the mesh's exit codes: 0 ok, 1 failure, 2 bad usage. The exit code follows the
+ * error's code (the table in `errors.ts`). Every failure is one clear line on stderr; MESH_DEBUG=1 adds the stack
+ * and causes.
  */
 import { CommanderError } from "commander";
 import type { Command } from "commander";
-import { MeshError, UsageError } from "../errors.js";
+import { exitCodeOf, exitCodes, MeshError } from "../errors.js";
 
-export const exitCodes = { ok: 0, failure: 1, usage: 2 } as const;
+export { exitCodes } from "../errors.js";
 
 export async function runProgram(program: Command, argv: readonly string[]): Promise<number> {
   program.exitOverride();
@@ -38,9 +39,8 @@ function exitCodeFor(error: unknown, name: string): number {
   process.stderr.write(`${name}: ${message}\n`);
   if (process.env.MESH_DEBUG === "1" && error instanceof Error)
     process.stderr.write(`${describeDeep(error)}\n`);
-  if (error instanceof UsageError) return exitCodes.usage;
-  if (error instanceof MeshError) return exitCodes.failure;
-  return exitCodes.failure;
+  // An error the mesh did not raise on purpose (a bug, a driver error not converted at its adapter) is a failure.
+  return error instanceof MeshError ? exitCodeOf(error.code) : exitCodes.failure;
 }
 
 function describeDeep(error: Error): string {

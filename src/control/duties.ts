@@ -1,0 +1,137 @@
+/**
+ * What the control plane does while it acts, in the order it starts them: the bus asserted, token accounts swept,
+ * revocations brought up to date (and again after every reconnection), enrolments answered, the retention applied,
+ * `last_seen` flushed, liveness watched, and the control queue consumed. Every piece passes the lease's gate.
+ */
+import type { ControlSide } from "../bus/index.js";
+import type { ControlPeriods, MeshOptions } from "../config/options.js";
+import type { SigningIdentity } from "../keys/index.js";
+import type { Logger } from "../log.js";
+import type { Store } from "../store/index.js";
+import type { ControlMetrics } from "./control-metrics.js";
+import { resendLatest } from "./declarations.js";
+import { Enrolments } from "./enrolments.js";
+import { Ingest } from "./ingest.js";
+import { LivenessWatch } from "./liveness-watch.js";
+import { Periodic } from "./periodic.js";
+import { RefusalLedger } from "./refusals.js";
+import { applyRetention } from "./retention.js";
+import { RevocationSync } from "./revocation-sync.js";
+import { TokenSweep } from "./token-sweep.js";
+
+export interface DutiesSettings {
+  options: MeshOptions;
+  periods: ControlPeriods;
+  store: Store;
+  side: Pick<ControlSide, "bus" | "identities">;
+  signing: SigningIdentity;
+  log: Logger;
+  now: () => Date;
+  /** Whether this control plane may act now (the lease's gate). */
+  gate: () => boolean;
+  metrics: Pick<ControlMetrics, "handled" | "handedBack">;
+}
+
+export class Duties {
+  private readonly revocations: RevocationSync;
+  private readonly tokenSweep: TokenSweep;
+  private readonly enrolments: Enrolments;
+  private readonly ingest: Ingest;
+  private readonly watch: LivenessWatch;
+  private readonly periodic: Periodic;
+  private stopping = false;
+  /** The control queue's consumer, once it runs: settles when the queue closes. */
+  consuming: Promise<void> | undefined;
+
+  constructor(private readonly settings: DutiesSettings) {
+    const { options, periods, store, side, signing, log, now, gate } = settings;
+    const { identities } = side;
+    /** Refusals of what nodes send, told at most once a minute per node and kind, by enrolment and ingest alike. */
+    const refusals = new RefusalLedger(log);
+    this.revocations = new RevocationSync({ store, identities, log, now, debounceMs: options.tokenGraceMs });
+    // Token accounts that can no longer be spent (spent, revoked, expired) are deleted: now, at each token's end,
+    // and periodically as the safety net.
+    this.tokenSweep = new TokenSweep({
+      store,
+      identities,
+      log,
+      now,
+      graceMs: options.tokenGraceMs,
+      sweepEveryMs: options.tokenSweepEveryMs,
+      lookEveryMs: periods.tokenLookEveryMs,
+    });
+    const resend = async (node: string) => {
+      if (gate()) await resendLatest(store, side.bus, node);
+    };
+    this.enrolments = new Enrolments(
+      {
+        store,
+        broker: identities,
+        signing,
+        log,
+        refusals,
+        now,
+        resendLatest: resend,
+        revokeSoon: () => this.revocations.soon(),
+        tokenSpent: (token) => this.tokenSweep.spent(token),
+      },
+      gate,
+    );
+    this.ingest = new Ingest({
+      store,
+      bus: side.bus,
+      log,
+      now,
+      refusals,
+      resendAfterMs: periods.resendAfterMs,
+    });
+    this.watch = new LivenessWatch(store, log, options.outOfTouchAfterMs, now);
+    this.periodic = new Periodic(log);
+  }
+
+  /** Starts every duty; a stop may come at any await, and nothing more is started after it. */
+  async start(): Promise<void> {
+    const { side, periods, gate, metrics } = this.settings;
+    await side.bus.assert();
+    if (this.stopping) return;
+    await this.tokenSweep.start();
+    await this.revocations.sync();
+    if (this.stopping) return;
+    side.bus.onReconnect(() => this.revocations.afterReconnect());
+    await side.bus.answerEnrolments((request) => this.enrolments.answer(request));
+    if (this.stopping) return;
+    await this.retention();
+    this.periodic.every("last_seen.flush", periods.flushEveryMs, () => this.ingest.flush());
+    this.periodic.every("events.prune", periods.pruneEveryMs, () => this.retention());
+    this.periodic.every("liveness.check", periods.livenessEveryMs, () => this.watch.check());
+    this.consuming = side.bus.consumeControl(async (batch) => {
+      if (!gate()) {
+        metrics.handedBack(batch.length);
+        return batch.map(() => "retry");
+      }
+      const outcomes = await this.ingest.handleBatch(batch);
+      metrics.handled(batch.length);
+      return outcomes;
+    });
+  }
+
+  /** Stops the timers and the work waiting on them, before the lease is given back. */
+  async stop(): Promise<void> {
+    this.stopping = true;
+    this.periodic.stop();
+    await this.tokenSweep.stop();
+    await this.revocations.stop();
+  }
+
+  /** After the bus closed: what was batched is written (only when the duties ran: a standby has nothing). */
+  async finish(): Promise<void> {
+    if (this.consuming !== undefined) await this.ingest.flush();
+    // Work started while the stop was under way must not keep the process alive.
+    this.periodic.stop();
+  }
+
+  private retention(): Promise<void> {
+    const { store, options, now, log } = this.settings;
+    return applyRetention(store, options, now(), log);
+  }
+}

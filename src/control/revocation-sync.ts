@@ -1,0 +1,66 @@
+/**
+ * Keeping the broker's revocations up to date. The broker may have started from an older preload (it is not always
+ * ours to rewrite), so they are applied when the control plane starts acting and after every reconnection. After an
+ * enrolment they are brought up to date shortly, not at once: the joiner is still reading its answer on the token's
+ * connection, and a burst of joins shares one update.
+ */
+import type { ControlIdentities } from "../bus/index.js";
+import type { Logger } from "../log.js";
+import { errorText } from "../log.js";
+import type { Store } from "../store/index.js";
+import { currentRevocations, retiredNodes } from "./revocations.js";
+
+export interface RevocationSyncSettings {
+  store: Store;
+  identities: Pick<ControlIdentities, "revoke" | "forget">;
+  log: Logger;
+  now: () => Date;
+  /** How long `soon()` waits: the token's grace, so the joiner has its answer first. */
+  debounceMs: number;
+}
+
+export class RevocationSync {
+  private timer: NodeJS.Timeout | undefined;
+  /** Updates run one after another; a failure is logged and the next runs all the same. */
+  private running: Promise<void> = Promise.resolve();
+  private stopped = false;
+
+  constructor(private readonly settings: RevocationSyncSettings) {}
+
+  /** Applies every current revocation now, and forgets what the broker kept for retired nodes. */
+  async sync(): Promise<void> {
+    const { store, identities, now } = this.settings;
+    await identities.revoke(await currentRevocations(store, now()));
+    for (const node of await retiredNodes(store)) await identities.forget(node);
+  }
+
+  /** After a reconnection: applied again, and said so (or why not). */
+  afterReconnect(): void {
+    const { log } = this.settings;
+    this.sync().then(
+      () => log.info("broker.reconnected", { revocations: "applied again" }),
+      (error: unknown) => log.error("broker.revocations_not_applied", { error: errorText(error) }),
+    );
+  }
+
+  /** Brings the revocations up to date once `debounceMs` has passed; asked again meanwhile, it is the same one. */
+  soon(): void {
+    if (this.timer !== undefined || this.stopped) return;
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      this.running = this.running
+        .then(() => this.sync())
+        .catch((error: unknown) =>
+          this.settings.log.error("broker.revocations_not_applied", { error: errorText(error) }),
+        );
+    }, this.settings.debounceMs);
+  }
+
+  /** No update starts after this; one under way is waited for. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    await this.running;
+  }
+}

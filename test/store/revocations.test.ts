@@ -1,0 +1,191 @@
+/**
+ * Revocation sync reads only what it needs (tokens that ended and have not expired, retired nodes), and the
+ * retention deletes tokens long expired without losing a revocation: a spent token's identity stays refused until
+ * its own expiry. Retiring is one transaction. On SQLite and PostgreSQL alike.
+ */
+import assert from "node:assert/strict";
+import { after, afterEach, before, describe, mock, test } from "node:test";
+import { pruneTokens } from "../../src/control/retention.js";
+import { retireNode } from "../../src/control/retire.js";
+import { RevocationSync } from "../../src/control/revocation-sync.js";
+import { currentRevocations, retiredNodes, tokensToKeep } from "../../src/control/revocations.js";
+import { MeshError } from "../../src/errors.js";
+import { createLogger } from "../../src/log.js";
+import type { Store } from "../../src/store/index.js";
+import { openStore } from "../../src/store/index.js";
+import { enrolled, storeBackends } from "../support/stores.js";
+
+const t0 = new Date("2026-03-01T12:00:00.000Z");
+const at = (ms: number) => new Date(t0.getTime() + ms);
+const hour = 3_600_000;
+const day = 24 * hour;
+const log = createLogger({ level: "error" });
+
+for (const backend of storeBackends) {
+  describe(`revocations and token retention (${backend.name})`, () => {
+    let location: { url: string; cleanup(): Promise<void> };
+    let store: Store;
+    before(async () => {
+      location = await backend.fresh();
+      store = await openStore(location.url, { historyLimit: 5 });
+    });
+    after(async () => {
+      await store.close();
+      await location.cleanup();
+    });
+
+    /** A token for `node`, issued at `issued` for `ttlMs`, with a broker identity `U-<id>` unless told not to. */
+    const token = async (id: string, node: string, issued: Date, ttlMs: number, credential = true) => {
+      await store.tokens.issue({
+        id,
+        node,
+        secretHash: "00",
+        createdAt: issued.toISOString(),
+        expiresAt: new Date(issued.getTime() + ttlMs).toISOString(),
+      });
+      if (credential) await store.tokens.setBrokerCredential(id, JSON.stringify({ user: `U-${id}` }));
+    };
+
+    test("revocations — only tokens that ended and have not expired, retired nodes and earlier identities", async () => {
+      await token("tok_valid00000", "r-1", t0, hour);
+      await token("tok_spent00000", "r-1", t0, hour);
+      await store.tokens.spend("tok_spent00000", at(60_000));
+      await token("tok_revok00000", "r-1", t0, hour);
+      await store.tokens.revoke("tok_revok00000", at(120_000));
+      await token("tok_spentold00", "r-1", at(-2 * hour), hour);
+      await store.tokens.spend("tok_spentold00", at(-2 * hour + 1000));
+      await token("tok_nocred0000", "r-1", t0, hour, false);
+      await store.tokens.spend("tok_nocred0000", at(1000));
+      await enrolled(store, "r-2", t0);
+      await retireNode(store, "r-2", at(180_000));
+      await store.revokedIdentities.add("U-before", "r-3", at(240_000).toISOString());
+
+      const now = at(300_000);
+      assert.deepEqual((await store.tokens.endedIdentities(now)).map((t) => t.brokerCredential).sort(), [
+        JSON.stringify({ user: "U-tok_revok00000" }),
+        JSON.stringify({ user: "U-tok_spent00000" }),
+      ]);
+      assert.deepEqual(await retiredNodes(store), ["r-2"]);
+      const revoked = await currentRevocations(store, now);
+      assert.deepEqual([...revoked.keys()].sort(), [
+        "U-before",
+        "U-r-2",
+        "U-tok_revok00000",
+        "U-tok_spent00000",
+      ]);
+      assert.equal(revoked.get("U-tok_spent00000")?.toISOString(), at(60_000).toISOString());
+      assert.equal(revoked.get("U-r-2")?.toISOString(), at(180_000).toISOString());
+    });
+
+    test("revocations — the token accounts kept: valid ones and those that ended within the grace", async () => {
+      const node = "k-1";
+      await token("tok_kvalid0000", node, t0, hour);
+      await token("tok_kspentnew0", node, t0, hour);
+      await store.tokens.spend("tok_kspentnew0", at(9000));
+      await token("tok_kspentold0", node, t0, hour);
+      await store.tokens.spend("tok_kspentold0", at(1000));
+      await token("tok_krevnew000", node, t0, hour);
+      await store.tokens.revoke("tok_krevnew000", at(9500));
+      await token("tok_kexpired00", node, at(-2 * hour), hour);
+      const keep = await tokensToKeep(store, at(10_000), 2000);
+      const mine = [...keep].filter((id) => id.startsWith("tok_k")).sort();
+      assert.deepEqual(mine, ["tok_krevnew000", "tok_kspentnew0", "tok_kvalid0000"]);
+    });
+
+    test("token retention — only tokens expired before the retention go; a spent token's revocation stays until its expiry", async () => {
+      const node = "p-1";
+      // Spent long ago, but its expiry is still ahead: its identity must stay refused.
+      await token("tok_plong00000", node, at(-10 * day), 20 * day);
+      await store.tokens.spend("tok_plong00000", at(-10 * day + 1000));
+      // Expired 8 days ago (spent, revoked, unused): past a 7-day retention.
+      for (const id of ["tok_pspent0000", "tok_prevok0000", "tok_punused000"]) {
+        await token(id, node, at(-8 * day - hour), hour);
+      }
+      await store.tokens.spend("tok_pspent0000", at(-8 * day - 1000_000));
+      await store.tokens.revoke("tok_prevok0000", at(-8 * day - 1000_000));
+      // Expired a day ago: within the retention.
+      await token("tok_precent000", node, at(-day - hour), hour);
+
+      assert.equal(await pruneTokens(store, 7 * day, t0, log), 3);
+      const left = (await store.tokens.list()).filter((t) => t.node === node).map((t) => t.id);
+      assert.deepEqual(left.sort(), ["tok_plong00000", "tok_precent000"]);
+      assert.ok(
+        (await currentRevocations(store, t0)).has("U-tok_plong00000"),
+        "still refused until its expiry",
+      );
+      assert.equal(await pruneTokens(store, 7 * day, t0, log), 0, "nothing twice");
+    });
+
+    test("retire — the node, its waiting tokens and the audit line in one go; the epoch acted under is kept", async () => {
+      await token("tok_rwait00000", "ret-1", t0, hour);
+      await token("tok_rother0000", "ret-2", t0, hour);
+      await retireNode(store, "ret-1", at(1000), 42);
+      assert.equal((await store.tokens.find("tok_rwait00000"))?.revokedAt, at(1000).toISOString());
+      assert.equal(
+        (await store.tokens.find("tok_rother0000"))?.revokedAt,
+        null,
+        "another node's token stays",
+      );
+      const [event] = await store.events.list({ limit: 1, node: "ret-1" });
+      assert.equal(event?.kind, "node.retired");
+      assert.equal(event?.epoch, 42);
+      assert.deepEqual(event?.detail, { tokens_revoked: ["tok_rwait00000"] });
+
+      const again = await retireNode(store, "ret-1", at(2000)).catch((error: unknown) => error);
+      assert.ok(again instanceof MeshError && again.code === "node_retired");
+      const unknown = await retireNode(store, "ret-none", at(2000)).catch((error: unknown) => error);
+      assert.ok(unknown instanceof MeshError && unknown.code === "node_unknown");
+      assert.equal(await store.nodes.get("ret-none"), undefined);
+    });
+  });
+}
+
+describe("revocation sync", () => {
+  let location: { url: string; cleanup(): Promise<void> };
+  let store: Store;
+  before(async () => {
+    location = await storeBackends[0]!.fresh();
+    store = await openStore(location.url, { historyLimit: 5 });
+  });
+  after(async () => {
+    await store.close();
+    await location.cleanup();
+  });
+  afterEach(() => mock.timers.reset());
+
+  test("revocation sync — a burst of enrolments shares one update, once the grace has passed", async () => {
+    mock.timers.enable({ apis: ["setTimeout"] });
+    await enrolled(store, "s-1", t0);
+    await retireNode(store, "s-1", at(1000));
+    const pushed: string[][] = [];
+    const forgotten: string[] = [];
+    const sync = new RevocationSync({
+      store,
+      identities: {
+        revoke: (revoked) => {
+          pushed.push([...revoked.keys()]);
+          return Promise.resolve();
+        },
+        forget: (node) => {
+          forgotten.push(node);
+          return Promise.resolve();
+        },
+      },
+      log,
+      now: () => at(2000),
+      debounceMs: 2000,
+    });
+    sync.soon();
+    sync.soon();
+    mock.timers.tick(1999);
+    sync.soon();
+    assert.equal(pushed.length, 0, "not before the grace");
+    mock.timers.tick(1);
+    await sync.stop();
+    assert.deepEqual(pushed, [["U-s-1"]], "one update for the burst");
+    assert.deepEqual(forgotten, ["s-1"]);
+    sync.soon();
+    mock.timers.tick(5000);
+    assert.equal(pushed.length, 1, "none after stop");
+  });
+});
