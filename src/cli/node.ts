@@ -1,4 +1,5 @@
 /** `mesh node list`: which nodes are here, which are out of touch and for how long, which never spoke. */
+import { z } from "zod";
 import type { Command } from "commander";
 import { fingerprint } from "../keys/index.js";
 import { MeshError, UsageError } from "../errors.js";
@@ -59,10 +60,7 @@ export function registerNodeCommands(program: Command): void {
         const declaration = await store.declarations.latest(name);
         const account = await store.accounts.recoveryCopy(name);
         const reading = livenessOf(record.lastSeen, new Date(), options.outOfTouchAfterMs);
-        const report =
-          account === undefined
-            ? undefined
-            : (JSON.parse(account.report) as { reason?: string; items?: unknown });
+        const report = account === undefined ? undefined : shownReport(account.report);
         return {
           name: record.name,
           state: record.state,
@@ -150,4 +148,24 @@ export function registerNodeCommands(program: Command): void {
       if (out.json) out.document({ node: name, state: "retired" });
       else out.line(`retired ${name}`);
     });
+}
+
+/**
+ * What `node show` prints of a kept report: its reason and items, read leniently (a report kept under an older
+ * contract still shows), but read, not cast: a stored text that is no report is said to be one.
+ */
+const shownReportSchema = z.object({ reason: z.string().optional(), items: z.unknown().optional() });
+
+function shownReport(text: string): z.infer<typeof shownReportSchema> {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw new MeshError("store", `the kept report is not JSON: ${(error as Error).message}`, {
+      cause: error,
+    });
+  }
+  const parsed = shownReportSchema.safeParse(value);
+  if (!parsed.success) throw new MeshError("store", "the kept report is not a report");
+  return parsed.data;
 }

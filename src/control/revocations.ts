@@ -4,7 +4,13 @@
  * the identity of every retired node, and every identity a node had before it enrolled again. Each is read by a
  * query of its own, not by loading every token and node: this runs at every start, reconnection and burst of joins.
  */
+import { z } from "zod";
+import { MeshError } from "../errors.js";
+import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
+
+/** What the store keeps of a token's broker identity: its user, as written at issue time. */
+const storedCredentialSchema = z.object({ user: z.string().min(1) });
 
 export async function currentRevocations(store: Store, now: Date): Promise<Map<string, Date>> {
   const revoked = new Map<string, Date>();
@@ -24,10 +30,18 @@ export async function currentRevocations(store: Store, now: Date): Promise<Map<s
 
 /** The broker user kept for a token: `{"user": "..."}` as written at issue time. */
 export function brokerUserOf(credential: string): string {
-  const parsed = JSON.parse(credential) as { user?: unknown };
-  if (typeof parsed.user !== "string")
-    throw new Error(`a token's broker credential names no user: ${credential}`);
-  return parsed.user;
+  let value: unknown;
+  try {
+    value = JSON.parse(credential);
+  } catch (error) {
+    throw new MeshError("store", `a token's broker credential is not JSON: ${errorText(error)}`, {
+      cause: error,
+    });
+  }
+  const parsed = storedCredentialSchema.safeParse(value);
+  if (!parsed.success)
+    throw new MeshError("store", `a token's broker credential names no user: ${credential}`);
+  return parsed.data.user;
 }
 
 /**

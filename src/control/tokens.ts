@@ -116,18 +116,23 @@ export async function spendToken(
   const status = tokenStatus(token, now);
   if (status !== "valid") return refuse(status);
   if (token.node !== presented.node) return refuse("wrong_node");
-  if (!(await store.tokens.spend(token.id, now))) {
+  // The spend and its audit event land together or not at all.
+  const spent = await store.transaction(async (tx) => {
+    if (!(await tx.tokens.spend(token.id, now))) return false;
+    await tx.events.record({
+      at: now.toISOString(),
+      kind: "token.spent",
+      node: token.node,
+      epoch: null,
+      detail: { token: token.id },
+    });
+    return true;
+  });
+  if (!spent) {
     const after = await store.tokens.find(token.id);
     const lost = after === undefined ? "unknown" : tokenStatus(after, now);
     return refuse(lost === "valid" ? "spent" : lost);
   }
-  await store.events.record({
-    at: now.toISOString(),
-    kind: "token.spent",
-    node: token.node,
-    epoch: null,
-    detail: { token: token.id },
-  });
   return { ...token, spentAt: now.toISOString() };
 }
 
