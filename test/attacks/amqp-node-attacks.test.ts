@@ -4,67 +4,25 @@
  * taking that node's declarations off its queue, and a node routing a message past the topic permissions with CC.
  */
 import assert from "node:assert/strict";
-import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import amqp from "amqplib";
 import { decodeToken } from "../../src/link/index.js";
-import { mesh, meshHost } from "../support/cli.js";
 import type { Running } from "../support/processes.js";
 import { eventually, startBin } from "../support/processes.js";
 import type { ScratchVhost } from "../support/rabbit.js";
 import { scratchVhost } from "../support/rabbit.js";
+import { operatorOf } from "../support/operator.js";
 import { tempDir } from "../support/tmp.js";
-
-interface Shown {
-  declaration: { sequence: number; epoch: number; digest: string } | null;
-  account: { outcome: string; sequence: number | null; report_sequence: number | null } | null;
-  refused: Record<string, number>;
-}
 
 describe("attacks on RabbitMQ", () => {
   const dir = tempDir("mesh-attacks-amqp-");
   const data = join(dir.path, "data");
   let scratch: ScratchVhost;
   let up: Running;
-  const agents: Running[] = [];
-  const cli = (args: string[]) => mesh(["--data", data, ...args]);
-  const show = async (node: string): Promise<Shown> => {
-    const run = await cli(["node", "show", node, "--json"]);
-    assert.equal(run.code, 0, run.stderr);
-    return JSON.parse(run.stdout) as Shown;
-  };
-  const issue = async (node: string): Promise<string> => {
-    const run = await cli(["token", "issue", node, "--json"]);
-    assert.equal(run.code, 0, run.stderr);
-    return (JSON.parse(run.stdout) as { token: string }).token;
-  };
-  const joinAndRun = async (node: string): Promise<string> => {
-    const state = join(dir.path, node);
-    const joined = await meshHost(["join", await issue(node), "--state", state]);
-    assert.equal(joined.code, 0, joined.stderr);
-    const root = join(dir.path, `${node}-root`);
-    mkdirSync(root, { recursive: true });
-    agents.push(startBin("mesh-host", ["run", "--state", state, "--root", root, "--alive-every", "300ms"]));
-    return state;
-  };
-  const declare = async (node: string, content: string): Promise<void> => {
-    const file = join(dir.path, `${node}-${content.length}.yaml`);
-    writeFileSync(file, `files:\n  - path: /etc/attack-test\n    content: ${JSON.stringify(content)}\n`);
-    const run = await cli(["declare", node, "-f", file]);
-    assert.equal(run.code, 0, run.stderr);
-  };
-  const applied = (node: string, sequence: number) =>
-    eventually(
-      `${node}'s report of sequence ${sequence}`,
-      async () => {
-        const shown = await show(node);
-        return shown.account?.outcome === "applied" && shown.account.sequence === sequence
-          ? shown
-          : undefined;
-      },
-      60_000,
-    );
+  const operator = operatorOf(data, dir.path);
+  const { show, issue, joinAndRun, declare, applied } = operator;
   const brokerUrl = (username: string, password: string) =>
     `amqp://${encodeURIComponent(username)}:${encodeURIComponent(password)}@127.0.0.1:5672/${encodeURIComponent(scratch.vhost)}`;
 
@@ -76,7 +34,7 @@ describe("attacks on RabbitMQ", () => {
     );
   });
   after(async () => {
-    for (const agent of agents) await agent.stop("SIGTERM");
+    await operator.stopAgents();
     await up.stop();
     await scratch.drop();
     dir.remove();

@@ -5,7 +5,7 @@
  * another's broker identity, a report about a declaration never sent, and floods that would fill disk and log.
  */
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { NatsConnection } from "@nats-io/transport-node";
@@ -17,18 +17,12 @@ import { HostState } from "../../src/host/state.js";
 import { decodeToken, encodeMessage } from "../../src/link/index.js";
 import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
-import { mesh, meshHost } from "../support/cli.js";
 import type { OperatorBroker } from "../support/operator-broker.js";
 import { startOperatorBroker } from "../support/operator-broker.js";
 import type { Running } from "../support/processes.js";
 import { eventually, startBin } from "../support/processes.js";
+import { operatorOf } from "../support/operator.js";
 import { tempDir } from "../support/tmp.js";
-
-interface Shown {
-  declaration: { sequence: number; epoch: number; digest: string } | null;
-  account: { outcome: string; sequence: number | null; report_sequence: number | null } | null;
-  refused: Record<string, number>;
-}
 
 describe("attacks from nodes on NATS", () => {
   const dir = tempDir("mesh-attacks-nats-");
@@ -36,29 +30,8 @@ describe("attacks from nodes on NATS", () => {
   let server: OperatorBroker;
   let serve: Running;
   let store: Store;
-  const agents: Running[] = [];
-  const cli = (args: string[]) => mesh(["--data", data, ...args]);
-
-  const show = async (node: string): Promise<Shown> => {
-    const run = await cli(["node", "show", node, "--json"]);
-    assert.equal(run.code, 0, run.stderr);
-    return JSON.parse(run.stdout) as Shown;
-  };
-  const issue = async (node: string): Promise<string> => {
-    const run = await cli(["token", "issue", node, "--json"]);
-    assert.equal(run.code, 0, run.stderr);
-    return (JSON.parse(run.stdout) as { token: string }).token;
-  };
-  /** Joins a machine with a state dir of its own and starts its agent; returns the state dir. */
-  const joinAndRun = async (node: string): Promise<string> => {
-    const state = join(dir.path, node);
-    const joined = await meshHost(["join", await issue(node), "--state", state]);
-    assert.equal(joined.code, 0, joined.stderr);
-    const root = join(dir.path, `${node}-root`);
-    mkdirSync(root, { recursive: true });
-    agents.push(startBin("mesh-host", ["run", "--state", state, "--root", root, "--alive-every", "300ms"]));
-    return state;
-  };
+  const operator = operatorOf(data, dir.path);
+  const { cli, show, issue, joinAndRun, declare, applied } = operator;
   /** A raw connection with the identity a joined machine holds: what an attacker on that machine has. */
   const connectAs = async (node: string): Promise<NatsConnection> => {
     const state = join(dir.path, node);
@@ -73,23 +46,6 @@ describe("attacks from nodes on NATS", () => {
       authenticator: jwtAuthenticator(identity.broker.credential.jwt, new TextEncoder().encode(seed)),
     });
   };
-  const declare = async (node: string, content: string): Promise<void> => {
-    const file = join(dir.path, `${node}-${content.length}.yaml`);
-    writeFileSync(file, `files:\n  - path: /etc/attack-test\n    content: ${JSON.stringify(content)}\n`);
-    const run = await cli(["declare", node, "-f", file]);
-    assert.equal(run.code, 0, run.stderr);
-  };
-  const applied = (node: string, sequence: number) =>
-    eventually(
-      `${node}'s report of sequence ${sequence}`,
-      async () => {
-        const shown = await show(node);
-        return shown.account?.outcome === "applied" && shown.account.sequence === sequence
-          ? shown
-          : undefined;
-      },
-      60_000,
-    );
   const report = (node: string, fields: Record<string, unknown>) =>
     JSON.stringify({
       kind: "report",
@@ -108,7 +64,7 @@ describe("attacks from nodes on NATS", () => {
     store = await openStore(`sqlite:${join(data, "mesh.db")}`, { historyLimit: 50 });
   });
   after(async () => {
-    for (const agent of agents) await agent.stop("SIGTERM");
+    await operator.stopAgents();
     await serve.stop();
     await store.close();
     await server.stop();
