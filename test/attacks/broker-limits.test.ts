@@ -4,9 +4,7 @@
  * RabbitMQ an oversized message from a node. The numbers are src/link/limits.ts's.
  */
 import assert from "node:assert/strict";
-import { appendFileSync } from "node:fs";
 import { connect as connectTcp } from "node:net";
-import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import amqp from "amqplib";
 import type { NatsConnection } from "@nats-io/transport-node";
@@ -19,19 +17,8 @@ import type { ControlSide } from "../../src/bus/index.js";
 import type { AmqpBrokerIdentities } from "../../src/bus/index.js";
 import { boundControlQueue, controlQueuePolicy, RabbitManagement } from "../../src/bus/amqp/management.js";
 import type { NatsAuthority, UserGrant } from "../../src/bus/nats/authority.js";
-import {
-  accountJwt,
-  fastSigner,
-  loadOrCreateAuthority,
-  newUserKey,
-  operatorJwt,
-  systemAccountJwt,
-  systemUserJwt,
-  userJwt,
-} from "../../src/bus/nats/authority.js";
+import { accountJwt, fastSigner, newUserKey, systemUserJwt, userJwt } from "../../src/bus/nats/authority.js";
 import { aliveStream, controlStream, NatsControlBus } from "../../src/bus/nats/control-bus.js";
-import type { RunningNatsServer } from "../../src/bus/nats/server.js";
-import { freePort, startNatsServer, writeNatsServerConfig } from "../../src/bus/nats/server.js";
 import {
   controlQueue,
   controlSubject,
@@ -52,7 +39,7 @@ import { createLogger } from "../../src/log.js";
 import { rabbitApiUrl, managementGet } from "../support/rabbit.js";
 import type { Transport } from "../support/transports.js";
 import { amqpTransport } from "../support/transports.js";
-import { tempDir } from "../support/tmp.js";
+import { startOperatorServer } from "../support/nats.js";
 
 const quiet = createLogger({ level: "error" });
 /** How nats-server records a connection it closed for a message over its payload limit. */
@@ -110,27 +97,11 @@ async function startBroker(options: {
   maxPayload?: number;
   assertStreams?: boolean;
 }): Promise<Broker> {
-  const dir = tempDir("mesh-limits-");
-  const authority = loadOrCreateAuthority(join(dir.path, "keys"));
-  const port = await freePort();
-  const config = writeNatsServerConfig({
-    dir: join(dir.path, "server"),
-    host: "127.0.0.1",
-    port,
-    operatorJwt: await operatorJwt(authority),
-    systemAccount: authority.system.getPublicKey(),
-    accounts: {
-      [authority.account.getPublicKey()]:
-        options.account === "current" ? await accountJwt(authority) : await accountJwtBeforeLimits(authority),
-      [authority.system.getPublicKey()]: await systemAccountJwt(authority),
-    },
+  const operator = await startOperatorServer({
+    account: options.account === "current" ? accountJwt : accountJwtBeforeLimits,
+    ...(options.maxPayload === undefined ? {} : { maxPayload: options.maxPayload }),
   });
-  if (options.maxPayload !== undefined) appendFileSync(config, `max_payload: ${options.maxPayload}\n`);
-  const server: RunningNatsServer = await startNatsServer(
-    config,
-    { host: "127.0.0.1", port },
-    join(dir.path, "nats.log"),
-  );
+  const { authority, server } = operator;
   const open: NatsConnection[] = [];
   const connectAs = async (identity: Identity, name: string) => {
     const nc = await connect({
@@ -206,8 +177,7 @@ async function startBroker(options: {
     },
     stop: async () => {
       for (const nc of open) if (!nc.isClosed()) await nc.close();
-      await server.stop();
-      dir.remove();
+      await operator.stop();
     },
   };
 }

@@ -1,4 +1,5 @@
 /** A nats-server in operator mode on a free port with a temp dir, started from the mesh's own authority. */
+import { appendFileSync } from "node:fs";
 import { join } from "node:path";
 import type { NatsAuthority } from "../../src/bus/nats/authority.js";
 import {
@@ -18,7 +19,13 @@ export interface OperatorServer {
   stop(): Promise<void>;
 }
 
-export async function startOperatorServer(): Promise<OperatorServer> {
+/**
+ * `account`: the mesh account's JWT to preload (default: as the control plane mints it now). `maxPayload`: a
+ * server-wide `max_payload` other than nats-server's default, as an operator may set.
+ */
+export async function startOperatorServer(
+  options: { account?: (authority: NatsAuthority) => Promise<string>; maxPayload?: number } = {},
+): Promise<OperatorServer> {
   const dir = tempDir("mesh-nats-");
   const authority = loadOrCreateAuthority(join(dir.path, "keys"));
   const port = await freePort();
@@ -29,10 +36,11 @@ export async function startOperatorServer(): Promise<OperatorServer> {
     operatorJwt: await operatorJwt(authority),
     systemAccount: authority.system.getPublicKey(),
     accounts: {
-      [authority.account.getPublicKey()]: await accountJwt(authority),
+      [authority.account.getPublicKey()]: await (options.account ?? accountJwt)(authority),
       [authority.system.getPublicKey()]: await systemAccountJwt(authority),
     },
   });
+  if (options.maxPayload !== undefined) appendFileSync(config, `max_payload: ${options.maxPayload}\n`);
   const server = await startNatsServer(config, { host: "127.0.0.1", port }, join(dir.path, "nats.log"));
   return {
     authority,
