@@ -74,7 +74,7 @@ function forbid(groups, message) {
 }
 
 export default tseslint.config(
-  { ignores: ["dist/", "node_modules/", ".mesh/", "test/fixtures/", "bench/results/"] },
+  { ignores: ["dist/", "node_modules/", ".mesh/", "test/fixtures/", "bench/results/", "chaos/results/"] },
   js.configs.recommended,
   ...tseslint.configs.recommendedTypeChecked,
   {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure the servers the mesh's tests talk to are installed and running on this machine:
 # PostgreSQL (127.0.0.1:5432), NATS with JetStream (127.0.0.1:4222) and RabbitMQ (127.0.0.1:5672, with its
-# management API on 15672). Installs a missing one from Debian's packages and starts a stopped one.
+# management API on 15672). Installs a missing one from Debian's packages and starts a stopped one. Also installs
+# systemd-analyze, with which the tests check the mesh's systemd units (nothing here boots systemd).
 set -euo pipefail
 
 say() { printf 'services: %s\n' "$*"; }
@@ -62,4 +63,7 @@ if ! listening 15672; then
   as_root rabbitmq-plugins enable rabbitmq_management >/dev/null
   wait_port 15672 "RabbitMQ management"
 fi
+# systemd-analyze (Debian's systemd package), for `systemd-analyze verify` of the units `mesh install` writes
+if ! command -v systemd-analyze >/dev/null; then install systemd; fi
+
 say "PostgreSQL, NATS and RabbitMQ are running"

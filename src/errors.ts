@@ -5,8 +5,12 @@
  * the same.
  */
 
-/** The CLI's exit codes: 0 ok, 1 a failure, 2 bad usage (which writes nothing). */
-export const exitCodes = { ok: 0, failure: 1, usage: 2 } as const;
+/**
+ * The CLI's exit codes: 0 ok, 1 a failure, 2 bad usage (which writes nothing), 3 the broker refused this node's
+ * identity (retired, or joined again elsewhere). 3 is apart so a service manager can tell "restarting cannot help"
+ * from a failure worth a restart (the systemd units name it in RestartPreventExitStatus=).
+ */
+export const exitCodes = { ok: 0, failure: 1, usage: 2, identityRefused: 3 } as const;
 export type ExitCode = (typeof exitCodes)[keyof typeof exitCodes];
 
 /** Every code a MeshError may carry: what it means, and the exit code of a command that ends on it. */
@@ -41,6 +45,10 @@ export const meshErrorCodes = {
     exit: exitCodes.failure,
     meaning: "the broker refused who we are, or what we did",
   },
+  identity_refused: {
+    exit: exitCodes.identityRefused,
+    meaning: "the broker refused this node's identity: it was retired or joined again elsewhere",
+  },
   nobody_answers: { exit: exitCodes.failure, meaning: "no control plane answers on the broker" },
   timeout: { exit: exitCodes.failure, meaning: "an answer did not come in time" },
   unsupported_broker: { exit: exitCodes.failure, meaning: "this broker cannot do what was asked" },
@@ -74,6 +82,10 @@ export const meshErrorCodes = {
     meaning: "the control plane's signing key is not the one the token pins",
   },
   applier: { exit: exitCodes.failure, meaning: "an item could not be applied on the node" },
+  service_unit: {
+    exit: exitCodes.failure,
+    meaning: "a service unit could not be written, or systemctl refused it",
+  },
   internal: { exit: exitCodes.failure, meaning: "a bug: something the code assumed did not hold" },
 } as const satisfies Record<string, { exit: ExitCode; meaning: string }>;
 

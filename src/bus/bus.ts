@@ -68,6 +68,11 @@ export interface ControlBus {
   publishEvent(kind: string, body: Uint8Array): Promise<void>;
   /** Calls `listener` each time the connection comes back after a loss (the broker may have restarted). */
   onReconnect(listener: () => void): void;
+  /**
+   * How many node messages wait in the control queue, not yet handled. One round trip to the broker each: an answer
+   * is also the proof that the control plane hears the broker now.
+   */
+  backlog(): Promise<number>;
   close(): Promise<void>;
 }
 

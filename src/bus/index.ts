@@ -118,12 +118,15 @@ export function openNatsIdentities(
   return new NatsBrokerIdentities(loadOrCreateAuthority(authorityDir(dataDir)), url, embedded);
 }
 
-/** Connects the control plane to its broker. */
+/**
+ * Connects the control plane to its broker. `timeoutMs`: how long each wait for the broker may last (connecting,
+ * the lease's operations, the flush after sending), a one-shot command's deadline; on RabbitMQ not yet applied.
+ */
 export async function openControlSide(
   dataDir: string,
   access: BrokerAccess,
   log: Logger,
-  options: { longLived: boolean; ackWaitMs?: number },
+  options: { longLived: boolean; ackWaitMs?: number; timeoutMs?: number },
 ): Promise<ControlSide> {
   if (brokerKindOf(access.url) === "amqp") return openAmqpControlSide(dataDir, access, log, options);
   const identities = openNatsIdentities(dataDir, access.url, access.embedded);
@@ -133,16 +136,18 @@ export async function openControlSide(
     identity: await identities.controlIdentity(),
     name: "mesh control",
     reconnect: options.longLived,
+    ...(options.timeoutMs === undefined ? {} : { timeoutMs: options.timeoutMs }),
   });
   // NATS redelivers what a consumer that died took after the ack wait; RabbitMQ as soon as the channel is gone.
   const bus = new NatsControlBus(nc, log, {
     ...defaultControlBusOptions,
     ...(options.ackWaitMs === undefined ? {} : { ackWaitMs: options.ackWaitMs }),
+    answerWithinMs: options.timeoutMs,
   });
   return {
     bus,
     identities,
-    lease: (ttlMs) => NatsKvLease.open(nc, ttlMs),
+    lease: (ttlMs) => NatsKvLease.open(nc, ttlMs, undefined, options.timeoutMs),
     close: async () => {
       await bus.close();
       await identities.close();
@@ -216,7 +221,7 @@ export async function openEnrolmentSide(
 
 export type { EmbeddedServer } from "./nats/identities.js";
 export { newUserKey } from "./nats/authority.js";
-export { findNatsServer, freePort, portIsFree, startNatsServer } from "./nats/server.js";
+export { findNatsServer, freePort, portIsFree, startNatsServer, whoListens } from "./nats/server.js";
 export type { RunningNatsServer } from "./nats/server.js";
 export type { NatsBrokerIdentities } from "./nats/identities.js";
 export type { AmqpBrokerIdentities } from "./amqp/identities.js";

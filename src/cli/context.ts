@@ -16,6 +16,7 @@ import { createLogger } from "../log.js";
 import { readBrokerRecord } from "../control/broker-record.js";
 import type { ActingPolicy, ActingUnder, WithoutLease } from "../lease/acting.js";
 import { underLease } from "../lease/acting.js";
+import { BrokerDeadline, defaultBrokerTimeoutMs } from "./deadline.js";
 
 /** The flags every `mesh` command shares. */
 export interface GlobalFlags {
@@ -27,16 +28,26 @@ export interface GlobalFlags {
   metrics?: string;
   /** `--rabbitmq-api URL`. */
   rabbitmqApi?: string;
+  /** `--timeout <duration>`, in milliseconds (parsed as the flag is read, so a bad one is refused first). */
+  timeout?: number;
 }
 
-export function optionsFrom(flags: GlobalFlags): MeshOptions {
+/** The compiled options, and the deadline of a command that reaches the broker. */
+export interface CommandOptions extends MeshOptions {
+  deadline: BrokerDeadline;
+}
+
+export function optionsFrom(flags: GlobalFlags): CommandOptions {
   const settings: MeshSettings = {
     store: flags.store,
     out_of_touch_after: flags.outOfTouchAfter,
     metrics: flags.metrics,
     rabbitmq_api: flags.rabbitmqApi,
   };
-  return compileMeshOptions({ dataDir: flags.data, flags: settings, env: process.env });
+  return {
+    ...compileMeshOptions({ dataDir: flags.data, flags: settings, env: process.env }),
+    deadline: new BrokerDeadline(flags.timeout ?? defaultBrokerTimeoutMs),
+  };
 }
 
 /** Runs `work` with an open store and closes the store afterwards, whatever happens. */
@@ -79,13 +90,14 @@ export function signingIdentity(options: MeshOptions): SigningIdentity {
  * applies the same list when it starts.
  */
 export async function tellBroker(
-  options: MeshOptions,
+  options: CommandOptions,
   revoked: ReadonlyMap<string, Date>,
   retired?: string,
   endedToken?: string,
 ): Promise<void> {
   const broker = recordedBroker(options);
   if (broker === undefined) return;
+  options.deadline.reach();
   try {
     if (endedToken !== undefined) await broker.endToken(endedToken);
     await broker.revoke(revoked);
@@ -100,8 +112,15 @@ export async function tellBroker(
   }
 }
 
-/** A one-shot connection to this mesh's recorded broker as the control plane, for commands that act or read. */
-export async function openRecordedControlSide(options: MeshOptions): Promise<ControlSide> {
+/**
+ * A one-shot connection to this mesh's recorded broker as the control plane, for commands that act or read. Every
+ * wait for the broker on it is bounded by the command's deadline; `nothingDone` says what did not happen when the
+ * broker does not answer in time.
+ */
+export async function openRecordedControlSide(
+  options: CommandOptions,
+  nothingDone?: string,
+): Promise<ControlSide> {
   const access = recordedAccess(options);
   if (access === undefined) {
     throw new MeshError(
@@ -109,7 +128,15 @@ export async function openRecordedControlSide(options: MeshOptions): Promise<Con
       "no broker is recorded for this mesh: start it with `mesh up` or `mesh serve`",
     );
   }
-  return openControlSide(options.dataDir, access, createLogger({ level: "warn" }), { longLived: false });
+  options.deadline.reach(nothingDone);
+  try {
+    return await openControlSide(options.dataDir, access, createLogger({ level: "warn" }), {
+      longLived: false,
+      timeoutMs: options.deadline.ms,
+    });
+  } catch (error) {
+    throw options.deadline.explain(error);
+  }
 }
 
 /**
@@ -118,7 +145,7 @@ export async function openRecordedControlSide(options: MeshOptions): Promise<Con
  * broker cannot be reached, has no lease store to reach; the policy says whether the command acts without an epoch.
  */
 export async function withCommandLease<T, W extends WithoutLease>(
-  options: MeshOptions,
+  options: CommandOptions,
   store: Store,
   policy: ActingPolicy<W>,
   work: (acting: ActingUnder<W>) => Promise<T>,
@@ -133,26 +160,41 @@ export async function withCommandLease<T, W extends WithoutLease>(
     reached = "no broker is recorded for this mesh";
   } else {
     try {
-      opened = await openRecordedControlSide(options);
+      opened = await openRecordedControlSide(options, policy.nothingDone);
       reached = opened;
     } catch (error) {
+      // A broker that took the connection but did not answer in time is not one that is away: the deadline has
+      // passed, and the command ends rather than going on without an epoch.
+      if (error instanceof MeshError && error.code === "timeout") throw error;
       if (!(error instanceof BusError)) throw error;
       reached = `the broker cannot be reached: ${error.message}`;
     }
   }
+  // Until `work` begins the command has written nothing: a deadline passing now says so.
+  const writing = (acting: ActingUnder<W>): Promise<T> => {
+    options.deadline.beginsWriting();
+    return work(acting);
+  };
   try {
     if (typeof reached === "string") {
       // Without a broker recorded no controller has ever acted here: acting without an epoch is the ordinary case
       // then, and not worth a line on every command.
       const quiet = recordedAccess(options) === undefined ? createLogger({ level: "error" }) : log;
-      return await underLease({ unreachable: reached, log: quiet }, policy, work);
+      return await underLease({ unreachable: reached, log: quiet }, policy, writing);
     }
+    options.deadline.reach(policy.nothingDone);
     const backend = await reached.lease(options.lease.ttlMs, store);
     try {
-      return await underLease({ backend, epochs: store.epochs, timings: options.lease, log }, policy, work);
+      return await underLease(
+        { backend, epochs: store.epochs, timings: options.lease, log },
+        policy,
+        writing,
+      );
     } finally {
       await backend.close();
     }
+  } catch (error) {
+    throw options.deadline.explain(error);
   } finally {
     await opened?.close();
   }

@@ -40,7 +40,7 @@ export function registerDeclareCommand(program: Command): void {
       }
       const files = parseDeclarationFile(text, flags.file);
       const options = optionsFrom(globals);
-      const side = await openRecordedControlSide(options);
+      const side = await openRecordedControlSide(options, "nothing was declared");
       const signing = signingIdentity(options);
       const sent = await withStore(options, (store) =>
         // Under the holder's epoch, or a lease of its own: never as a second controller, never without an epoch.

@@ -28,7 +28,11 @@ export function registerLeaseCommands(program: Command): void {
           store.epochs.floor(),
           store.noEpoch.current(freshSince),
         ]),
-      ).finally(() => side.close());
+      )
+        .catch((error: unknown) => {
+          throw options.deadline.explain(error);
+        })
+        .finally(() => side.close());
       const renewedAt = current?.holder.renewed_at ?? current?.holder.taken_at ?? null;
       const shown = {
         holder:

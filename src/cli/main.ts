@@ -1,6 +1,7 @@
 /** `mesh`: the control plane and the operator's commands. */
 import { Command } from "commander";
 import { registerDeclareCommand } from "./declare.js";
+import { registerInstallCommand } from "./install.js";
 import { registerLabCommand } from "./lab.js";
 import { registerLeaseCommands } from "./lease.js";
 import { registerNodeCommands } from "./node.js";
@@ -8,6 +9,7 @@ import { registerServeCommands } from "./up.js";
 import { runProgram } from "../program/run.js";
 import { registerTokenCommands } from "./token.js";
 import { meshVersion } from "../program/version.js";
+import { parseDuration } from "../config/duration.js";
 
 export function meshProgram(): Command {
   const program = new Command("mesh")
@@ -15,13 +17,20 @@ export function meshProgram(): Command {
     .version(meshVersion(), "-V, --version")
     .option("--data <dir>", "the control plane's data dir (default: $MESH_HOME or .mesh)")
     .option("--store <url>", "sqlite:PATH or postgres://… (default: sqlite in the data dir)")
-    .option("--out-of-touch-after <duration>", "silence after which a node is out of touch (default 45s)");
+    .option("--out-of-touch-after <duration>", "silence after which a node is out of touch (default 45s)")
+    .option(
+      "--timeout <duration>",
+      "how long a command waits for the broker before it gives up and exits 1 (default 10s; not up, serve, lab)",
+      // Read as the flag is parsed: a bad duration is a usage error before any command runs.
+      (text: string) => parseDuration(text, "--timeout"),
+    );
   registerTokenCommands(program);
   registerNodeCommands(program);
   registerDeclareCommand(program);
   registerServeCommands(program);
   registerLeaseCommands(program);
   registerLabCommand(program);
+  registerInstallCommand(program);
   return program;
 }
 

@@ -4,7 +4,7 @@ import type { Command } from "commander";
 import { fingerprint } from "../keys/index.js";
 import { MeshError, UsageError } from "../errors.js";
 import { nodeNameProblem } from "../link/index.js";
-import { describeLiveness, livenessOf } from "../control/liveness.js";
+import { describeHearing, describeLiveness, livenessOf } from "../control/liveness.js";
 import type { GlobalFlags } from "./context.js";
 import { optionsFrom, tellBroker, withCommandLease, withStore } from "./context.js";
 import { retireNode } from "../control/retire.js";
@@ -21,9 +21,12 @@ export function registerNodeCommands(program: Command): void {
       const globals = command.optsWithGlobals<GlobalFlags>();
       const options = optionsFrom(globals);
       const now = new Date();
-      const nodes = await withStore(options, (store) => store.nodes.list());
+      const { nodes, hearing } = await withStore(options, async (store) => ({
+        nodes: await store.nodes.list(),
+        hearing: await store.hearing.read(),
+      }));
       const rows = nodes.map((n) => {
-        const reading = livenessOf(n.lastSeen, now, options.outOfTouchAfterMs);
+        const reading = livenessOf(n.lastSeen, now, options.outOfTouchAfterMs, hearing);
         return { node: n, reading };
       });
       const out = stdoutOutput(globals.json === true);
@@ -43,6 +46,7 @@ export function registerNodeCommands(program: Command): void {
         ["NAME", "STATE", "LIVENESS", "LAST SEEN"],
         rows.map(({ node: n, reading }) => [n.name, n.state, describeLiveness(reading), n.lastSeen ?? "-"]),
       );
+      out.line(describeHearing(hearing, now));
     });
 
   node
@@ -59,7 +63,12 @@ export function registerNodeCommands(program: Command): void {
         if (record === undefined) throw new MeshError("node_unknown", `no node named ${name}`);
         const declaration = await store.declarations.latest(name);
         const account = await store.accounts.recoveryCopy(name);
-        const reading = livenessOf(record.lastSeen, new Date(), options.outOfTouchAfterMs);
+        const reading = livenessOf(
+          record.lastSeen,
+          new Date(),
+          options.outOfTouchAfterMs,
+          await store.hearing.read(),
+        );
         const report = account === undefined ? undefined : shownReport(account.report);
         return {
           name: record.name,

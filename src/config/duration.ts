@@ -20,3 +20,15 @@ export function parseDuration(text: string, what: string): number {
   }
   return total;
 }
+
+/** Milliseconds written back as people write them (`10s`, `1m30s`, `1500ms` → `1s500ms`), for messages. */
+export function formatDuration(ms: number): string {
+  let rest = ms;
+  const parts: string[] = [];
+  for (const unit of ["d", "h", "m", "s", "ms"] as const) {
+    const amount = Math.floor(rest / unitMs[unit]);
+    if (amount > 0) parts.push(`${amount}${unit}`);
+    rest -= amount * unitMs[unit];
+  }
+  return parts.length === 0 ? "0ms" : parts.join("");
+}

@@ -65,6 +65,10 @@ export interface ControlPeriods {
   pruneEveryMs: number;
   /** How often the urgent no-epoch condition is logged again while it lasts. */
   noEpochLogEveryMs: number;
+  /** How often the control plane checks that it hears the broker and can write the store. */
+  hearingEveryMs: number;
+  /** How long the broker may take to answer before the control plane counts itself deaf. */
+  hearingAnswerWithinMs: number;
 }
 
 /** What may be set, by its name in mesh.yaml; the environment variable is MESH_ + the name in capitals. */
@@ -207,6 +211,8 @@ export function controlPeriods(outOfTouchAfterMs: number): ControlPeriods {
     tokenLookEveryMs: 1000,
     pruneEveryMs: 10 * 60_000,
     noEpochLogEveryMs: 60_000,
+    hearingEveryMs: 1000,
+    hearingAnswerWithinMs: 3000,
   };
 }
 

@@ -11,6 +11,7 @@ import type { Store } from "../store/index.js";
 import type { ControlMetrics } from "./control-metrics.js";
 import { resendLatest } from "./declarations.js";
 import { Enrolments } from "./enrolments.js";
+import { Hearing } from "./hearing.js";
 import { Ingest } from "./ingest.js";
 import { LivenessWatch } from "./liveness-watch.js";
 import { Periodic } from "./periodic.js";
@@ -39,6 +40,8 @@ export class Duties {
   private readonly ingest: Ingest;
   private readonly watch: LivenessWatch;
   private readonly periodic: Periodic;
+  /** Whether this control plane hears the broker and can write the store. */
+  readonly hearing: Hearing;
   private stopping = false;
   /** The control queue's consumer, once it runs: settles when the queue closes. */
   consuming: Promise<void> | undefined;
@@ -77,6 +80,14 @@ export class Duties {
       },
       gate,
     );
+    this.hearing = new Hearing({
+      store,
+      backlog: () => side.bus.backlog(),
+      log,
+      now,
+      everyMs: periods.hearingEveryMs,
+      answerWithinMs: periods.hearingAnswerWithinMs,
+    });
     this.ingest = new Ingest({
       store,
       bus: side.bus,
@@ -84,9 +95,10 @@ export class Duties {
       now,
       refusals,
       resendAfterMs: periods.resendAfterMs,
+      storeFailed: (error, handedBack) => this.hearing.storeFailed(error, handedBack),
     });
-    this.watch = new LivenessWatch(store, log, options.outOfTouchAfterMs, now);
-    this.periodic = new Periodic(log);
+    this.watch = new LivenessWatch(store, log, options.outOfTouchAfterMs, now, () => this.hearing.hears);
+    this.periodic = new Periodic(log, () => this.hearing.storeDown);
   }
 
   /** Starts every duty; a stop may come at any await, and nothing more is started after it. */
@@ -94,6 +106,8 @@ export class Duties {
     const { side, periods, gate, metrics } = this.settings;
     await side.bus.assert();
     if (this.stopping) return;
+    // Hearing first: the stretch of time this control plane listens begins before it consumes anything.
+    await this.hearing.start();
     await this.tokenSweep.start();
     await this.revocations.sync();
     if (this.stopping) return;
@@ -105,6 +119,8 @@ export class Duties {
     this.periodic.every("events.prune", periods.pruneEveryMs, () => this.retention());
     this.periodic.every("liveness.check", periods.livenessEveryMs, () => this.watch.check());
     this.consuming = side.bus.consumeControl(async (batch) => {
+      // While the store takes no writes the batch waits here, unacknowledged, and nothing more is taken.
+      await this.hearing.storeWritable();
       if (!gate()) {
         metrics.handedBack(batch.length);
         return batch.map(() => "retry");
@@ -118,6 +134,7 @@ export class Duties {
   /** Stops the timers and the work waiting on them, before the lease is given back. */
   async stop(): Promise<void> {
     this.stopping = true;
+    this.hearing.stop();
     this.periodic.stop();
     await this.tokenSweep.stop();
     await this.revocations.stop();

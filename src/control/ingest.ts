@@ -47,6 +47,11 @@ export interface IngestContext {
   rememberForMs?: number;
   /** Tells refusals at most once a minute per node and kind; shared with enrolment. Default: a ledger of its own. */
   refusals?: RefusalLedger;
+  /**
+   * Told of a batch that failed and was handed back: returns whether the failure was the store, which is then said
+   * once by the caller rather than once per batch. Default: every failure is logged here.
+   */
+  storeFailed?: (error: unknown, handedBack: number) => Promise<boolean>;
 }
 
 /** A value read from the store, and until when it is taken as still true. */
@@ -142,6 +147,7 @@ export class Ingest {
       await this.catchUp(batch.holds);
       return deliveries.map(() => "done");
     } catch (error) {
+      if (await this.storeFailed(error, deliveries.length)) return deliveries.map(() => "retry");
       this.context.log.error("ingest.failed", {
         deliveries: deliveries.length,
         nodes: [...new Set(deliveries.map((delivery) => delivery.node ?? "*"))].slice(0, 5),
@@ -149,6 +155,15 @@ export class Ingest {
       });
       return deliveries.map(() => "retry");
     }
+  }
+
+  private async storeFailed(error: unknown, handedBack: number): Promise<boolean> {
+    const told = this.context.storeFailed;
+    if (told === undefined) return false;
+    return told(error, handedBack).catch((checkError: unknown) => {
+      this.context.log.error("ingest.store_check_failed", { error: errorText(checkError) });
+      return false;
+    });
   }
 
   /** Decides every delivery of the batch, reading what it needs from the store in a few statements. */

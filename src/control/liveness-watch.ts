@@ -15,16 +15,20 @@ export class LivenessWatch {
     private readonly log: Logger,
     private readonly outOfTouchAfterMs: number,
     private readonly now: () => Date,
+    /** Whether the control plane hears now: while it is deaf, nothing is judged. */
+    private readonly hears: () => boolean = () => true,
   ) {}
 
   async check(): Promise<void> {
+    if (!this.hears()) return;
     const now = this.now();
+    const hearing = await this.store.hearing.read();
     // After a restart, the last crossing in the audit trail says where each node stood, so it is not told again:
     // read for the whole fleet at once, the first time only.
     const recorded = this.known.size === 0 ? await this.lastRecorded() : new Map<string, Liveness>();
     for (const node of await this.store.nodes.list()) {
       if (node.state !== "enrolled") continue;
-      const reading = livenessOf(node.lastSeen, now, this.outOfTouchAfterMs);
+      const reading = livenessOf(node.lastSeen, now, this.outOfTouchAfterMs, hearing);
       const before = this.known.get(node.name) ?? recorded.get(node.name);
       this.known.set(node.name, reading.liveness);
       if (before === reading.liveness) continue;

@@ -10,13 +10,18 @@ export class Periodic {
   private readonly timers: NodeJS.Timeout[] = [];
   private stopped = false;
 
-  constructor(private readonly log: Logger) {}
+  /** `paused` says when runs are skipped: while the store is known to be down, that is said once, elsewhere. */
+  constructor(
+    private readonly log: Logger,
+    private readonly paused: () => boolean = () => false,
+  ) {}
 
   /** Runs `work` every `everyMs` from now until stopped. */
   every(what: string, everyMs: number, work: () => Promise<void>): void {
     if (this.stopped) return;
     this.timers.push(
       setInterval(() => {
+        if (this.paused()) return;
         work().catch((error: unknown) => this.log.error(`${what}.failed`, { error: errorText(error) }));
       }, everyMs),
     );

@@ -37,6 +37,8 @@ export class RevocationSync {
   /** After a reconnection: applied again, and said so (or why not). */
   afterReconnect(): void {
     const { log } = this.settings;
+    // A control plane that stopped acting has nothing to bring up to date (and its store may be closed).
+    if (this.stopped) return;
     this.sync().then(
       () => log.info("broker.reconnected", { revocations: "applied again" }),
       (error: unknown) => log.error("broker.revocations_not_applied", { error: errorText(error) }),

@@ -113,8 +113,9 @@ export class Agent {
   }
 
   /**
-   * Runs until stopped, or until the broker refuses the node's identity (it was retired). `onRunning` is called
-   * once the agent is connected, listening and has said alive.
+   * Runs until stopped, or until the broker refuses the node's identity (it was retired, or joined again from another
+   * state dir) — while running or at the first connection — which ends it with `identity_refused`. `onRunning` is
+   * called once the agent is connected, listening and has said alive.
    */
   async run(onRunning?: () => void): Promise<void> {
     const seed = this.state.loadSecret(brokerSeedFile);
@@ -126,7 +127,9 @@ export class Agent {
         identitySeed,
         this.settings.log,
       );
-    const bus = await (this.settings.openBus ?? openOwn)(this.identity, seed);
+    const bus = await (this.settings.openBus ?? openOwn)(this.identity, seed).catch((error: unknown) => {
+      throw identityRefusedOr(error, this.node);
+    });
     this.bus = bus;
     if (this.stopping) {
       await bus.close();
@@ -157,7 +160,7 @@ export class Agent {
     const closed = await bus.closed();
     clearInterval(this.aliveTimer);
     await consuming;
-    if (closed !== undefined) throw closed;
+    if (closed !== undefined) throw identityRefusedOr(closed, this.node);
   }
 
   async stop(): Promise<void> {
@@ -356,4 +359,18 @@ export class Agent {
       },
     );
   }
+}
+
+/**
+ * The broker refusing the node's own identity is final: the node was retired, or joined again from another state
+ * dir, and only a new token lets it back in. It ends the agent with a code of its own (exit 3), so a service manager
+ * stops restarting it instead of knocking again and again; any other failure is left as it is, worth a restart.
+ */
+function identityRefusedOr(error: unknown, node: string): unknown {
+  if (!(error instanceof MeshError) || error.code !== "broker_refused_identity") return error;
+  return new MeshError(
+    "identity_refused",
+    `${error.message} (node ${node} was retired, or joined again elsewhere: only a new token lets it back in)`,
+    { cause: error },
+  );
 }

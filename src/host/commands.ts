@@ -3,7 +3,7 @@ import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { resolve } from "node:path";
 import type { Command } from "commander";
 import { parseDuration } from "../config/duration.js";
-import { UsageError } from "../errors.js";
+import { MeshError, UsageError } from "../errors.js";
 import { createLogger } from "../log.js";
 import { stdoutOutput } from "../program/output.js";
 import { Agent } from "./agent.js";
@@ -48,7 +48,7 @@ export function registerHostCommands(program: Command): void {
       const aliveEveryMs = parseDuration(flags.aliveEvery, "--alive-every");
       const log = createLogger({});
       const stateDir = resolveStateDir(flags.state);
-      const root = flags.root ?? new HostState(stateDir).loadSecret(rootFile) ?? "/";
+      const root = runRoot(new HostState(stateDir), flags.root);
       // A root of the operator's choosing may not exist yet. One that exists but is unusable is reported with
       // each declaration instead, where the control plane sees it.
       if (!existsSync(root)) mkdirSync(root, { recursive: true });
@@ -93,8 +93,49 @@ export function registerHostCommands(program: Command): void {
     });
 }
 
+/**
+ * `mesh-host broker set URL`: where this node dials its broker, for when the operator moved the broker
+ * (`mesh up --move-broker`). Only the address changes: the node's identity and keys stay, and the URL must be of
+ * the same kind (nats:// or amqp://) as the one the node joined through.
+ */
+export function registerBrokerCommand(program: Command): void {
+  program
+    .command("broker")
+    .description("where this node reaches its broker")
+    .command("set")
+    .description("point this node at its broker's new address (restart mesh-host run afterwards)")
+    .argument("<url>", "the broker's new address: nats://host:port or amqp://host:port/vhost")
+    .option("--state <dir>", "the agent's state dir")
+    .action((url: string, flags: { state?: string }) => {
+      const state = new HostState(resolveStateDir(flags.state));
+      const identity = state.loadIdentity();
+      if (identity === undefined) {
+        throw new MeshError("not_joined", `this machine has not joined a mesh (no identity in ${state.dir})`);
+      }
+      const scheme = (text: string) => /^([a-z]+):\/\//.exec(text)?.[1];
+      let parsed: URL;
+      try {
+        parsed = new URL(url);
+      } catch (error) {
+        throw new UsageError(`"${url}" is not a URL`, { cause: error });
+      }
+      if (scheme(url) !== scheme(identity.broker.url) || parsed.hostname === "") {
+        throw new UsageError(
+          `"${url}" is not a ${scheme(identity.broker.url) ?? "broker"}:// address with a host, as this node's broker is`,
+        );
+      }
+      state.saveIdentity({ ...identity, broker: { ...identity.broker, url } });
+      process.stdout.write(`${identity.node} now reaches its broker at ${url}; restart mesh-host run\n`);
+    });
+}
+
 /** Where the root given to `join` is kept for `run`. */
 const rootFile = "root";
+
+/** Where `run` writes declared files: as given now, else as given to `join`, else /. */
+export function runRoot(state: HostState, flag: string | undefined): string {
+  return flag ?? state.loadSecret(rootFile) ?? "/";
+}
 
 interface JoinFlags {
   root?: string;

@@ -2,7 +2,8 @@
 import { Command } from "commander";
 import { runProgram } from "../program/run.js";
 import { meshVersion } from "../program/version.js";
-import { registerHostCommands } from "./commands.js";
+import { registerBrokerCommand, registerHostCommands } from "./commands.js";
+import { registerHostInstall } from "./install.js";
 import { registerTokenShow } from "./token-show.js";
 
 export function hostProgram(): Command {
@@ -11,6 +12,8 @@ export function hostProgram(): Command {
     .version(meshVersion(), "-V, --version");
   registerHostCommands(program);
   registerTokenShow(program);
+  registerHostInstall(program);
+  registerBrokerCommand(program);
   return program;
 }
 

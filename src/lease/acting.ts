@@ -76,6 +76,7 @@ export async function underLease<T, W extends WithoutLease>(
   try {
     current = await backend.read();
   } catch (error) {
+    if (noAnswerInTime(error)) throw error;
     // Unreadable is not "nobody holds it": acting on a guess could make this command a second controller.
     if (policy.withoutLease === "refuse") return unheld(`it cannot be read: ${errorText(error)}`, error);
     throw new MeshError("no_lease", `the lease cannot be read (${errorText(error)}); ${policy.nothingDone}`, {
@@ -103,6 +104,7 @@ export async function underLease<T, W extends WithoutLease>(
   try {
     taken = await own.tryTake();
   } catch (error) {
+    if (noAnswerInTime(error)) throw error;
     return unheld(errorText(error), error);
   }
   if (!taken || own.epoch === undefined) {
@@ -114,4 +116,12 @@ export async function underLease<T, W extends WithoutLease>(
   } finally {
     await own.release();
   }
+}
+
+/**
+ * The lease's store did not answer within the command's deadline: the command ends there, as its caller asked,
+ * rather than going on without an epoch past its deadline.
+ */
+function noAnswerInTime(error: unknown): boolean {
+  return error instanceof MeshError && error.code === "timeout";
 }

@@ -29,6 +29,8 @@ export class LeaseHolder {
   epoch: number | undefined;
   private revision = 0;
   private renewedAt = Number.NEGATIVE_INFINITY;
+  /** Renewals that failed in a row, said once when the run starts and once when it ends. */
+  private failedRenewals = 0;
   private timer: NodeJS.Timeout | undefined;
   /** The renewal in flight, if any: one at a time, and a release waits for it. */
   private renewing: Promise<void> | undefined;
@@ -108,9 +110,19 @@ export class LeaseHolder {
       }
       this.revision = revision;
       this.renewedAt = startedAt;
+      if (this.failedRenewals > 0) {
+        this.options.log.info("lease.renewed_again", {
+          epoch: this.epoch,
+          failed_renewals: this.failedRenewals,
+        });
+        this.failedRenewals = 0;
+      }
     } catch (error) {
-      // The store could not be reached: the gate closes by itself if this lasts.
-      this.options.log.warn("lease.renewal_failed", { epoch: this.epoch, error: errorText(error) });
+      // The store could not be reached: the gate closes by itself if this lasts. Said for the first failure of a
+      // run; the count comes with the renewal that ends it.
+      this.failedRenewals += 1;
+      if (this.failedRenewals === 1)
+        this.options.log.warn("lease.renewal_failed", { epoch: this.epoch, error: errorText(error) });
     }
   }
 

@@ -50,6 +50,7 @@ export class Standing {
   private noEpoch: { since: string; reason: string; loggedAt: number } | undefined;
   private retrying = false;
   private retryTimer: NodeJS.Timeout | undefined;
+  private gateTimer: NodeJS.Timeout | undefined;
   private closeGate: (reason: string) => void = () => undefined;
   private readonly gateClosed = new Promise<string>((resolve) => (this.closeGate = resolve));
   private readonly now: () => Date;
@@ -123,7 +124,10 @@ export class Standing {
         await new Promise((resolve) => setTimeout(resolve, timings.renewEveryMs));
         continue;
       }
-      if (taken) return "holder";
+      if (taken) {
+        this.watchGate();
+        return "holder";
+      }
       if (!announced) {
         log.info("lease.standby", { holder: (await backend.read())?.holder ?? null });
         announced = true;
@@ -141,6 +145,17 @@ export class Standing {
   stopActing(): void {
     this.stopping = true;
     clearInterval(this.retryTimer);
+    clearInterval(this.gateTimer);
+  }
+
+  /**
+   * The gate is looked at every renewal period even when no work asks: a holder cut off from the lease's store
+   * (a paused broker) ends its acting when the gate closes, not when the store answers again.
+   */
+  private watchGate(): void {
+    this.gateTimer = setInterval(() => {
+      if (!this.gate()) clearInterval(this.gateTimer);
+    }, this.options.timings.renewEveryMs);
   }
 
   /** Gives the lease back if it is ours (a standby may take over at once) and stops watching it. */
@@ -191,6 +206,7 @@ export class Standing {
       });
       this.noEpoch = undefined;
       clearInterval(this.retryTimer);
+      this.watchGate();
       await this.options.noEpoch.clear(this.options.holder.id);
     } finally {
       this.retrying = false;

@@ -1,4 +1,5 @@
 /** How commands print: a JSON document with --json, an aligned table or plain lines otherwise. */
+import { exitCodes } from "../errors.js";
 
 export interface Output {
   json: boolean;
@@ -26,4 +27,24 @@ export function formatTable(headers: readonly string[], rows: ReadonlyArray<read
       .join("  ")
       .trimEnd();
   return [render(headers), ...rows.map(render)].map((line) => `${line}\n`).join("");
+}
+
+/** Whether the listeners below are on already (once per process, whatever runs how many programs). */
+let endsQuietly = false;
+
+/**
+ * Ends the process quietly when the reader of its output has gone (`mesh node list | head -1`): there is no one
+ * left to tell anything, so no stack and no error line, and the exit code is the command's if it has one already.
+ * Node ignores SIGPIPE, so a write to a closed pipe comes back as an EPIPE error on the stream; any other error on
+ * stdout or stderr is thrown as before.
+ */
+export function endQuietlyOnBrokenPipe(): void {
+  if (endsQuietly) return;
+  endsQuietly = true;
+  for (const stream of [process.stdout, process.stderr]) {
+    stream.on("error", (error: NodeJS.ErrnoException) => {
+      if (error.code !== "EPIPE") throw error;
+      process.exit(typeof process.exitCode === "number" ? process.exitCode : exitCodes.ok);
+    });
+  }
 }

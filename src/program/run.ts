@@ -6,10 +6,19 @@
 import { CommanderError } from "commander";
 import type { Command } from "commander";
 import { exitCodeOf, exitCodes, MeshError } from "../errors.js";
+import { commandEnded } from "./deadline.js";
+import { endQuietlyOnBrokenPipe } from "./output.js";
 
 export { exitCodes } from "../errors.js";
 
 export async function runProgram(program: Command, argv: readonly string[]): Promise<number> {
+  endQuietlyOnBrokenPipe();
+  const code = await runCommand(program, argv);
+  commandEnded(code);
+  return code;
+}
+
+async function runCommand(program: Command, argv: readonly string[]): Promise<number> {
   program.exitOverride();
   program.configureOutput({
     outputError: (text, write) => write(text.trim().replace(/\s*\n\s*/g, " ") + "\n"),

@@ -12,3 +12,4 @@ export { digestKey, sequenceKey } from "./declarations.js";
 export type { AccountRecord } from "./accounts.js";
 export type { MeshEvent, StoredEvent } from "./events.js";
 export type { NoEpochController } from "./no-epoch.js";
+export type { HearingGap, HearingRecord } from "./hearing.js";

@@ -200,6 +200,31 @@ const tokensByExpiry: NumberedMigration = () => ({
   },
 });
 
+/**
+ * When the control plane could hear, and the gaps when it could not: a node is not out of touch for time nobody
+ * listened.
+ */
+const controlHearing: NumberedMigration = () => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema
+      .createTable("control_hearing")
+      .addColumn("key", "text", (c) => c.primaryKey())
+      .addColumn("heard_at", "text", (c) => c.notNull())
+      .addColumn("since", "text", (c) => c.notNull())
+      .execute();
+    await db.schema
+      .createTable("hearing_gaps")
+      .addColumn("from_at", "text", (c) => c.notNull())
+      .addColumn("to_at", "text", (c) => c.notNull())
+      .execute();
+    await db.schema.createIndex("hearing_gaps_to").on("hearing_gaps").column("to_at").execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema.dropTable("hearing_gaps").execute();
+    await db.schema.dropTable("control_hearing").execute();
+  },
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
@@ -209,6 +234,7 @@ const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0006_events_by_node", eventsByNode],
   ["0007_one_node_per_broker_user", oneNodePerBrokerUser],
   ["0008_tokens_by_expiry", tokensByExpiry],
+  ["0009_control_hearing", controlHearing],
 ];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {

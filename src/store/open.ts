@@ -11,6 +11,7 @@ import { StoreError } from "../errors.js";
 import { AccountQueries } from "./accounts.js";
 import { CounterQueries } from "./counters.js";
 import { SqlLease } from "./lease.js";
+import { HearingQueries } from "./hearing.js";
 import { StatementTexts } from "./statements.js";
 import { RevokedIdentityQueries } from "./revoked-identities.js";
 import { DeclarationQueries } from "./declarations.js";
@@ -40,6 +41,7 @@ export class Store {
   readonly counters: CounterQueries;
   readonly revokedIdentities: RevokedIdentityQueries;
   readonly noEpoch: NoEpochQueries;
+  readonly hearing: HearingQueries;
 
   constructor(
     readonly dialect: Dialect,
@@ -57,6 +59,7 @@ export class Store {
     this.counters = new CounterQueries(db);
     this.revokedIdentities = new RevokedIdentityQueries(db);
     this.noEpoch = new NoEpochQueries(db);
+    this.hearing = new HearingQueries(db);
   }
 
   /**

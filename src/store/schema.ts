@@ -109,7 +109,20 @@ export interface ControllerNoEpochTable {
   seen_at: string;
 }
 
+export interface ControlHearingTable {
+  key: string;
+  heard_at: string;
+  since: string;
+}
+
+export interface HearingGapTable {
+  from_at: string;
+  to_at: string;
+}
+
 export interface Database {
+  control_hearing: ControlHearingTable;
+  hearing_gaps: HearingGapTable;
   controller_no_epoch: ControllerNoEpochTable;
   controller_lease: ControllerLeaseTable;
   revoked_identities: RevokedIdentityTable;

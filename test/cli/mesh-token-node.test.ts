@@ -53,7 +53,8 @@ describe("mesh token and node commands", () => {
     const nodeTable = await mesh(["--data", data, "node", "list"]);
     assert.equal(
       nodeTable.stdout,
-      "NAME   STATE    LIVENESS      LAST SEEN\nweb-1  invited  never spoken  -\n",
+      "NAME   STATE    LIVENESS      LAST SEEN\nweb-1  invited  never spoken  -\n" +
+        "the control plane has not listened yet: liveness is judged by the clock alone\n",
     );
 
     const revoked = await mesh(["--data", data, "token", "revoke", content.id]);

@@ -16,7 +16,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { connect, jwtAuthenticator } from "@nats-io/transport-node";
-import { TokenRefused } from "../../src/errors.js";
+import { exitCodes, TokenRefused } from "../../src/errors.js";
 import { loadOrCreateSigningKey, sealDeclaration } from "../../src/keys/index.js";
 import {
   decodeToken,
@@ -112,7 +112,8 @@ export function flowScenario(broker: BrokerName): void {
           epoch: number;
           floor: number;
         };
-        assert.equal(lease.holder?.pid, fleet.up.child.pid);
+        // The control plane is `mesh up`'s child (`mesh serve --under-up`), so that its end is not the broker's.
+        assert.equal(parentOf(lease.holder?.pid ?? 0), fleet.up.child.pid);
         assert.ok(lease.epoch >= 1 && lease.floor >= lease.epoch);
         assert.deepEqual(sent, { node: "web-1", sequence: 1, epoch: lease.epoch });
         const motd = join(root, "etc", "motd");
@@ -352,7 +353,11 @@ export function flowScenario(broker: BrokerName): void {
           join(fleet.dir, "re-1-rebuilt"),
         ]);
         assert.equal(rejoined.code, 0, rejoined.stderr);
-        assert.equal(await exitWithin(oldAgent), 1, "the old identity is dropped by the broker");
+        assert.equal(
+          await exitWithin(oldAgent),
+          exitCodes.identityRefused,
+          "the old identity is dropped by the broker",
+        );
         assert.match(oldAgent.stderr(), /refused this identity/);
       });
 
@@ -385,7 +390,7 @@ export function flowScenario(broker: BrokerName): void {
             "its queue is deleted",
           );
         }
-        assert.equal(await exitWithin(agent), 1, agent.stderr());
+        assert.equal(await exitWithin(agent), exitCodes.identityRefused, agent.stderr());
         assert.match(agent.stderr(), /refused this identity/);
         if (rabbit !== undefined) assert.equal(await rabbit.scratch.api.connectionsOf(user), 0);
         assert.equal((await fleet.show("gone-1")).state, "retired");
@@ -538,4 +543,10 @@ export function flowScenario(broker: BrokerName): void {
       });
     });
   });
+}
+
+/** The parent process of `pid`, from Linux's /proc (its stat's fourth field). */
+function parentOf(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
 }

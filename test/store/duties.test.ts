@@ -56,6 +56,8 @@ describe("the acting control plane's duties", () => {
         return new Promise<void>((resolve) => (closeQueue = resolve));
       },
       onReconnect: (listener: () => void) => void (reconnect = listener),
+      // Asked every period by the hearing duty: not recorded, the order of the rest is what is checked.
+      backlog: () => Promise.resolve(0),
     } as unknown as ControlBus;
     const side = {
       bus,

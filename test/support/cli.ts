@@ -14,10 +14,19 @@ export function runBin(
   args: readonly string[],
   env: NodeJS.ProcessEnv = {},
 ): Promise<Run> {
+  return runScript(`${root}bin/${bin}.js`, args, { env, cwd: root });
+}
+
+/** Runs a Node script (an executable of an installed package, say) from `cwd` (default: the project root). */
+export function runScript(
+  script: string,
+  args: readonly string[],
+  options: { env?: NodeJS.ProcessEnv; cwd?: string } = {},
+): Promise<Run> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [`${root}bin/${bin}.js`, ...args], {
-      cwd: root,
-      env: { ...process.env, MESH_HOME: "", ...env },
+    const child = spawn(process.execPath, [script, ...args], {
+      cwd: options.cwd ?? root,
+      env: { ...process.env, MESH_HOME: "", ...options.env },
       stdio: ["ignore", "pipe", "pipe"],
     });
     let stdout = "";

@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { readFileSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import type { TestContext } from "node:test";
 import amqp from "amqplib";
 import type { Channel, ChannelModel } from "amqplib";
@@ -14,9 +14,9 @@ import { connect, jwtAuthenticator } from "@nats-io/transport-node";
 import { openNatsIdentities } from "../../src/bus/index.js";
 import { nodeQueue } from "../../src/link/index.js";
 import type { Run } from "./cli.js";
-import { mesh } from "./cli.js";
+import { mesh, meshHost, runScript } from "./cli.js";
 import type { Running } from "./processes.js";
-import { eventually, startBin } from "./processes.js";
+import { eventually, startBin, startScript } from "./processes.js";
 import type { ScratchVhost } from "./rabbit.js";
 import { scratchVhost } from "./rabbit.js";
 import { tempDir } from "./tmp.js";
@@ -71,6 +71,22 @@ export interface RabbitView {
   queueNow(queue: string): Promise<{ messageCount: number; consumerCount: number } | undefined>;
 }
 
+/**
+ * The executables of an installed package (bin/mesh.js, bin/mesh-host.js, each in the package it came in), run
+ * from that package's own directory instead of the project's build.
+ */
+export interface InstalledBins {
+  mesh: string;
+  meshHost: string;
+}
+
+export interface FleetOptions {
+  /** The control plane's out-of-touch threshold (default 1m). */
+  outOfTouchAfter?: string;
+  /** Run `mesh` and `mesh-host` from an installed package (default: the project's build). */
+  bins?: InstalledBins;
+}
+
 export interface Fleet {
   broker: BrokerName;
   /** A temp dir for the nodes' state dirs, roots and declaration files. */
@@ -83,6 +99,8 @@ export interface Fleet {
   /** RabbitMQ's side of things; undefined on NATS. */
   rabbit: RabbitView | undefined;
   cli(args: readonly string[]): Promise<Run>;
+  /** Runs `mesh-host` (the fleet's own: the project's, or the installed package's). */
+  host(args: readonly string[]): Promise<Run>;
   show(node: string): Promise<Shown>;
   list(): Promise<Listed[]>;
   issue(node: string, ttl?: string): Promise<string>;
@@ -125,7 +143,7 @@ export function exitWithin(process: Running, ms = 60_000): Promise<number | null
 export async function fleetForTest(
   t: TestContext,
   broker: BrokerName,
-  options: { outOfTouchAfter?: string } = {},
+  options: FleetOptions = {},
 ): Promise<Fleet> {
   const opened: { fleet?: Fleet } = {};
   t.after(() => opened.fleet?.close());
@@ -139,10 +157,16 @@ export async function fleetForTest(
  * threshold; the default is generous so that "here" does not depend on how busy the machine is. A test about going
  * out of touch gives a short one.
  */
-export async function openFleet(
-  broker: BrokerName,
-  options: { outOfTouchAfter?: string } = {},
-): Promise<Fleet> {
+export async function openFleet(broker: BrokerName, options: FleetOptions = {}): Promise<Fleet> {
+  const { bins } = options;
+  // An installed executable runs from its package's directory (bin/x.js → the package), never the project's.
+  const packageOf = (script: string) => resolve(script, "..", "..");
+  const startMesh = (args: readonly string[]) =>
+    bins === undefined ? startBin("mesh", args) : startScript(bins.mesh, args, { cwd: packageOf(bins.mesh) });
+  const startHost = (args: readonly string[]) =>
+    bins === undefined
+      ? startBin("mesh-host", args)
+      : startScript(bins.meshHost, args, { cwd: packageOf(bins.meshHost) });
   const temp = tempDir(`mesh-e2e-${broker}-`);
   const dir = temp.path;
   const data = join(dir, "data");
@@ -173,7 +197,7 @@ export async function openFleet(
     let brokerUrl: string;
     let rabbit: RabbitView | undefined;
     if (broker === "nats") {
-      up = startBin("mesh", ["--data", data, "--out-of-touch-after", threshold, "up", "--nats-port", "0"]);
+      up = startMesh(["--data", data, "--out-of-touch-after", threshold, "up", "--nats-port", "0"]);
       const started = up;
       brokerUrl = await eventually(
         "mesh up to print its broker",
@@ -210,7 +234,7 @@ export async function openFleet(
         queueNow,
       };
       brokerUrl = vhost.url;
-      up = startBin("mesh", ["--data", data, "--out-of-touch-after", threshold, "up", "--broker", vhost.url]);
+      up = startMesh(["--data", data, "--out-of-touch-after", threshold, "up", "--broker", vhost.url]);
       const started = up;
       await eventually(
         "mesh up to say it is up",
@@ -231,7 +255,12 @@ export async function openFleet(
       60_000,
     );
 
-    const cli = (args: readonly string[]) => mesh(["--data", data, ...args]);
+    const cli = (args: readonly string[]) =>
+      bins === undefined
+        ? mesh(["--data", data, ...args])
+        : runScript(bins.mesh, ["--data", data, ...args], { cwd: packageOf(bins.mesh) });
+    const host = (args: readonly string[]) =>
+      bins === undefined ? meshHost(args) : runScript(bins.meshHost, args, { cwd: packageOf(bins.meshHost) });
     let declarations = 0;
     const fleet: Fleet = {
       broker,
@@ -241,6 +270,7 @@ export async function openFleet(
       brokerUrl,
       rabbit,
       cli,
+      host,
       async show(node) {
         const run = await cli(["node", "show", node, "--json"]);
         assert.equal(run.code, 0, run.stderr);
@@ -258,7 +288,7 @@ export async function openFleet(
       },
       runAgent(state, root, t) {
         const rootArgs = root === undefined ? [] : ["--root", root];
-        const agent = startBin("mesh-host", ["run", "--state", state, ...rootArgs, "--alive-every", "200ms"]);
+        const agent = startHost(["run", "--state", state, ...rootArgs, "--alive-every", "200ms"]);
         agents.push(agent);
         t?.after(async () => {
           await agent.stop("SIGTERM");

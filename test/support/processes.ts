@@ -18,9 +18,21 @@ export function startBin(
   args: readonly string[],
   env: NodeJS.ProcessEnv = {},
 ): Running {
-  const child = spawn(process.execPath, [`${root}bin/${bin}.js`, ...args], {
-    cwd: root,
-    env: { ...process.env, MESH_HOME: "", ...env },
+  return startScript(`${root}bin/${bin}.js`, args, { env, cwd: root });
+}
+
+/**
+ * Starts a Node script (an executable of an installed package, say) from `cwd` (default: the project root), with
+ * this process's environment less MESH_HOME, plus `env`.
+ */
+export function startScript(
+  script: string,
+  args: readonly string[],
+  options: { env?: NodeJS.ProcessEnv; cwd?: string } = {},
+): Running {
+  const child = spawn(process.execPath, [script, ...args], {
+    cwd: options.cwd ?? root,
+    env: { ...process.env, MESH_HOME: "", ...options.env },
     stdio: ["ignore", "pipe", "pipe"],
   });
   let out = "";

@@ -51,6 +51,8 @@ test("config — defaults when nothing is set", () => {
       tokenLookEveryMs: 1000,
       pruneEveryMs: 600_000,
       noEpochLogEveryMs: 60_000,
+      hearingEveryMs: 1000,
+      hearingAnswerWithinMs: 3000,
     },
   });
 });

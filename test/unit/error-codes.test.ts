@@ -34,9 +34,13 @@ describe("error codes", () => {
     assert.deepEqual(documentedRows(), expected);
   });
 
-  test("error codes — only bad usage exits 2; every other code exits 1", () => {
+  test("error codes — only bad usage exits 2, only a refused node identity exits 3; every other code exits 1", () => {
+    const apart: Partial<Record<MeshErrorCode, number>> = {
+      usage: exitCodes.usage,
+      identity_refused: exitCodes.identityRefused,
+    };
     for (const code of Object.keys(meshErrorCodes) as MeshErrorCode[]) {
-      assert.equal(exitCodeOf(code), code === "usage" ? exitCodes.usage : exitCodes.failure, code);
+      assert.equal(exitCodeOf(code), apart[code] ?? exitCodes.failure, code);
     }
   });
 

@@ -17,6 +17,7 @@ import {
 } from "../../link/index.js";
 import type { Logger } from "../../log.js";
 import { errorText } from "../../log.js";
+import { BusError } from "../errors.js";
 import { Arrivals } from "../batches.js";
 import { controlBatchMax } from "../bus.js";
 import type {
@@ -69,6 +70,7 @@ export class AmqpControlBus implements ControlBus {
   private consumer: { channel: Channel; tag: string } | undefined;
   private stopConsuming: () => void = () => undefined;
   private closing = false;
+  private probe: Promise<Channel> | undefined;
   /** Messages as they arrive, handed over in order. */
   private readonly arrivals = new Arrivals<Arrived>();
   private queue: Promise<void> = Promise.resolve();
@@ -264,6 +266,27 @@ export class AmqpControlBus implements ControlBus {
 
   onReconnect(listener: () => void): void {
     this.link.onReconnect(listener);
+  }
+
+  async backlog(): Promise<number> {
+    // One channel for the question, made again when the broker closed it (a passive declare of a missing queue
+    // closes its channel; a lost connection closes them all).
+    this.probe ??= this.link.channel().then((channel) => {
+      channel.on("error", (error: Error) =>
+        this.log.info("control.probe_channel", { error: errorText(error) }),
+      );
+      channel.on("close", () => (this.probe = undefined));
+      return channel;
+    });
+    try {
+      const { messageCount } = await (await this.probe).checkQueue(controlQueue);
+      return messageCount;
+    } catch (error) {
+      this.probe = undefined;
+      throw new BusError("broker", `the control queue could not be read: ${errorText(error)}`, {
+        cause: error,
+      });
+    }
   }
 
   async close(): Promise<void> {

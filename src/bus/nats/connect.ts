@@ -2,13 +2,15 @@
 import type { Authenticator, NatsConnection } from "@nats-io/transport-node";
 import {
   AuthorizationError,
-  connect,
   ConnectionError,
+  NatsConnectionImpl,
   PermissionViolationError,
   RequestError,
+  setTransportFactory,
   TimeoutError,
   UserAuthenticationExpiredError,
 } from "@nats-io/transport-node";
+import { nodeResolveHost, NodeTransport } from "@nats-io/transport-node/lib/node_transport.js";
 import { encode, fromSeed } from "@nats-io/nkeys";
 import { fastSigner } from "./authority.js";
 import { BrokerRefusedIdentity, BusError } from "../errors.js";
@@ -28,16 +30,33 @@ export interface NatsConnectOptions {
   inboxPrefix?: string;
   /** Keep reconnecting forever (agents and servers) or fail at the first loss (one-shot commands). */
   reconnect: boolean;
+  /** How long to wait for the server's greeting and first answer (default 5 s). */
   timeoutMs?: number;
 }
 
+/**
+ * The client's own socket transport, except that closing one that never finished connecting ends its socket. The
+ * client (3.4) ignores close() on a transport that has not connected, so a connect that timed out waiting for the
+ * server's greeting — a server that accepts sockets but does not answer, stopped or overloaded — left its socket
+ * open, and that socket kept a one-shot command alive after it had failed.
+ */
+class ClosingTransport extends NodeTransport {
+  override close(err?: Error): Promise<void> {
+    if (!this.connected) this.discard();
+    return super.close(err);
+  }
+}
+
 export async function connectNats(options: NatsConnectOptions): Promise<NatsConnection> {
+  const timeoutMs = options.timeoutMs ?? 5000;
+  // What the client's own connect() does, with the transport above: the factory is read as each dial begins.
+  setTransportFactory({ factory: () => new ClosingTransport(), dnsResolveFn: nodeResolveHost });
   try {
-    return await connect({
+    return await NatsConnectionImpl.connect({
       servers: options.url,
       name: options.name,
       authenticator: jwtSigner(options.identity),
-      timeout: options.timeoutMs ?? 5000,
+      timeout: timeoutMs,
       ...(options.inboxPrefix === undefined ? {} : { inboxPrefix: options.inboxPrefix }),
       ...(options.reconnect
         ? // A process that lives on (an agent, a control plane) also waits for a broker that is not up yet.
@@ -47,12 +66,23 @@ export async function connectNats(options: NatsConnectOptions): Promise<NatsConn
             reconnectTimeWait: 1000,
             reconnectJitter: 1000,
             waitOnFirstConnect: true,
+            // A server that stopped answering (paused, or cut off without a reset) is given up within about 30 s
+            // and dialled again, instead of after the library's default of several minutes.
+            pingInterval: 10_000,
+            maxPingOut: 3,
           }
         : { reconnect: false }),
     });
   } catch (error) {
+    // A server that took the socket but never answered: no answer in time, not a refusal nor an absence.
+    if (error instanceof TimeoutError) throw noAnswer(options.url, timeoutMs, error);
     throw asBusError(error, options.url);
   }
+}
+
+/** The broker did not answer within `timeoutMs`: the mesh's `timeout`, with the client's error as the cause. */
+export function noAnswer(url: string, timeoutMs: number, cause?: unknown): BusError {
+  return new BusError("timeout", `no answer from the broker at ${url} within ${timeoutMs} ms`, { cause });
 }
 
 /**

@@ -37,17 +37,25 @@ import { inBatches } from "../batches.js";
 import type { ControlBus, ControlDelivery, ControlHandler, EnrolAnswer, EnrolRequest } from "../bus.js";
 import { controlBatchMax } from "../bus.js";
 import { BusError } from "../errors.js";
+import { noAnswer } from "./connect.js";
 
 export const controlStream = "MESH_CONTROL";
 export const aliveStream = "MESH_ALIVE";
 export const controlConsumer = "control";
 const nanos = (ms: number) => ms * 1_000_000;
+/** How long the backlog's question waits for the broker: it is how the control plane learns that it is deaf. */
+const backlogTimeoutMs = 2000;
 
 export interface NatsControlBusOptions {
   /** How long an unacknowledged message waits before redelivery. */
   ackWaitMs: number;
   /** How long an unprocessed node message is kept while no control plane runs. */
   keepForMs: number;
+  /**
+   * How long a wait for the broker (the flush after publishing, the drain at close) may last: a one-shot command's
+   * deadline. Unset for a control plane, whose connection rides out outages.
+   */
+  answerWithinMs?: number | undefined;
 }
 
 export const defaultControlBusOptions: NatsControlBusOptions = {
@@ -61,6 +69,7 @@ export class NatsControlBus implements ControlBus {
   private readonly consuming: ConsumerMessages[] = [];
   /** Enrolments being answered; closing waits for them, so none is cut off between its reply and its revocation. */
   private readonly inFlight = new Set<Promise<void>>();
+  private manager: JetStreamManager | undefined;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -184,7 +193,7 @@ export class NatsControlBus implements ControlBus {
 
   async publishDeclarations(batch: readonly { node: string; envelope: Uint8Array }[]): Promise<void> {
     for (const { node, envelope } of batch) this.nc.publish(declarationSubject(node), envelope);
-    await this.nc.flush();
+    await this.answered(this.nc.flush());
   }
 
   async publishReceipt(node: string, receipt: Uint8Array): Promise<void> {
@@ -195,6 +204,17 @@ export class NatsControlBus implements ControlBus {
   async publishEvent(kind: string, body: Uint8Array): Promise<void> {
     this.nc.publish(eventSubject(kind), body);
     await Promise.resolve();
+  }
+
+  async backlog(): Promise<number> {
+    // No API check on opening: the question itself is the check, and it is asked every second or so.
+    this.manager ??= await jetstreamManager(this.nc, { checkAPI: false, timeout: backlogTimeoutMs });
+    let waiting = 0;
+    for (const stream of [controlStream, aliveStream]) {
+      const info = await this.manager.consumers.info(stream, controlConsumer);
+      waiting += info.num_pending + info.num_ack_pending;
+    }
+    return waiting;
   }
 
   onReconnect(listener: () => void): void {
@@ -210,13 +230,31 @@ export class NatsControlBus implements ControlBus {
     await Promise.all(this.inFlight);
     try {
       for (const messages of this.consuming) await messages.close();
-      if (!this.nc.isClosed()) await this.nc.drain();
+      if (!this.nc.isClosed()) await this.answered(this.nc.drain());
     } catch (error) {
       // Draining needs the server; with the server gone it fails, and a connection left open would keep
       // reconnecting (and the process alive) forever.
       this.log.warn("broker.not_drained", { error: errorText(error) });
     } finally {
       if (!this.nc.isClosed()) await this.nc.close();
+    }
+  }
+
+  /**
+   * Waits for the broker's answer, within `answerWithinMs` when set. A flush or drain waits for the server's PONG,
+   * which a stopped server never sends and the client does not time out on its own.
+   */
+  private async answered(wait: Promise<void>): Promise<void> {
+    const ms = this.options.answerWithinMs;
+    if (ms === undefined) return wait;
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(noAnswer(this.nc.getServer(), ms)), ms);
+    });
+    try {
+      await Promise.race([wait, late]);
+    } finally {
+      clearTimeout(timer);
     }
   }
 }

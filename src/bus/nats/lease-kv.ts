@@ -4,13 +4,16 @@
  * bucket is deleted and made again, which is why the lease keeps an epoch floor.
  */
 import type { NatsConnection } from "@nats-io/transport-node";
-import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import { TimeoutError } from "@nats-io/transport-node";
+import type { JetStreamManagerOptions } from "@nats-io/jetstream";
+import { jetstream, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
 import type { KV, KvEntry, KvWatchEntry } from "@nats-io/kv";
 import { Kvm, KvWatchInclude } from "@nats-io/kv";
 import type { QueuedIterator } from "@nats-io/transport-node";
 import type { HolderInfo, LeaseBackend, LeaseRecord } from "../../lease/lease.js";
 import { parseHolderRecord } from "../../link/index.js";
 import { BusError } from "../errors.js";
+import { noAnswer } from "./connect.js";
 
 export const leaseBucket = "mesh-controller_lease";
 const key = "holder";
@@ -40,23 +43,44 @@ export class NatsKvLease implements LeaseBackend {
     private kv: KV,
     private readonly bucket: string,
     private readonly ttlMs: number,
+    private readonly timeoutMs: number | undefined,
   ) {}
 
   get where(): string {
     return `NATS bucket ${this.bucket}`;
   }
 
-  static async open(nc: NatsConnection, ttlMs: number, bucket = leaseBucket): Promise<NatsKvLease> {
-    return new NatsKvLease(nc, await NatsKvLease.bucket(nc, bucket, ttlMs), bucket, ttlMs);
+  /**
+   * `timeoutMs`: how long each operation on the bucket waits for the broker (the client's default, 5 s, when not
+   * given); a one-shot command gives its deadline.
+   */
+  static async open(
+    nc: NatsConnection,
+    ttlMs: number,
+    bucket = leaseBucket,
+    timeoutMs?: number,
+  ): Promise<NatsKvLease> {
+    const kv = await answered(nc, timeoutMs, () => NatsKvLease.bucket(nc, bucket, ttlMs, timeoutMs));
+    return new NatsKvLease(nc, kv, bucket, ttlMs, timeoutMs);
   }
 
-  private static async bucket(nc: NatsConnection, bucket: string, ttlMs: number): Promise<KV> {
+  private static async bucket(
+    nc: NatsConnection,
+    bucket: string,
+    ttlMs: number,
+    timeoutMs: number | undefined,
+  ): Promise<KV> {
+    const within: JetStreamManagerOptions = timeoutMs === undefined ? {} : { timeout: timeoutMs };
     // No direct gets: in a cluster a follower could answer with an older holder.
-    const kv = await new Kvm(nc).create(bucket, { ttl: ttlMs, history: 1, allow_direct: false });
+    const kv = await new Kvm(jetstream(nc, within)).create(bucket, {
+      ttl: ttlMs,
+      history: 1,
+      allow_direct: false,
+    });
     // An existing bucket keeps the TTL it was made with: brought to this one, or a holder renewing on the new
     // timings would see its entry age out under it (and a standby would not be told).
     const stream = `KV_${bucket}`;
-    const jsm = await jetstreamManager(nc);
+    const jsm = await jetstreamManager(nc, within);
     const { config } = await jsm.streams.info(stream);
     if (config.max_age !== ttlMs * 1_000_000) {
       await jsm.streams.update(stream, { ...config, max_age: ttlMs * 1_000_000 });
@@ -68,7 +92,7 @@ export class NatsKvLease implements LeaseBackend {
     const outcome = await this.unlessStale(() => this.kv.create(key, JSON.stringify(holder)));
     if (outcome.written) return outcome.revision;
     // Held — or left by a holder that stopped renewing, on a shorter life than the bucket keeps entries now.
-    const entry = await this.kv.get(key);
+    const entry = await answered(this.nc, this.timeoutMs, () => this.kv.get(key));
     if (entry === null || entry.operation !== "PUT" || !outlived(entry, this.holderOf(entry)))
       return undefined;
     // Cleared only if nothing was written since it was read, then taken as if given back.
@@ -95,7 +119,7 @@ export class NatsKvLease implements LeaseBackend {
   }
 
   async read(): Promise<LeaseRecord | undefined> {
-    const entry = await this.kv.get(key);
+    const entry = await answered(this.nc, this.timeoutMs, () => this.kv.get(key));
     if (entry === null || entry.operation !== "PUT") return undefined;
     const holder = this.holderOf(entry);
     if (outlived(entry, holder)) return undefined;
@@ -108,7 +132,10 @@ export class NatsKvLease implements LeaseBackend {
   }
 
   async raiseAbove(floor: number): Promise<boolean> {
-    const jsm = await jetstreamManager(this.nc);
+    const jsm = await jetstreamManager(
+      this.nc,
+      this.timeoutMs === undefined ? {} : { timeout: this.timeoutMs },
+    );
     const stream = `KV_${this.bucket}`;
     const info = await jsm.streams.info(stream);
     // The next revision is last_seq + 1: at last_seq == floor it is already above the floor, and the key is a
@@ -116,7 +143,7 @@ export class NatsKvLease implements LeaseBackend {
     if (info.state.last_seq >= floor) return false;
     // Purging up to floor + 1 makes the stream's next sequence, and so the next revision, floor + 1.
     await jsm.streams.purge(stream, { seq: floor + 1 });
-    this.kv = await NatsKvLease.bucket(this.nc, this.bucket, this.ttlMs);
+    this.kv = await NatsKvLease.bucket(this.nc, this.bucket, this.ttlMs, this.timeoutMs);
     return true;
   }
 
@@ -173,6 +200,7 @@ export class NatsKvLease implements LeaseBackend {
       return { written: true, revision: await write() };
     } catch (error) {
       if (error instanceof JetStreamApiError && error.code === wrongLastSequence) return { written: false };
+      if (error instanceof TimeoutError) throw noAnswer(this.nc.getServer(), this.timeoutMs ?? 5000, error);
       throw new BusError(
         "lease",
         `the lease in ${this.where} could not be written: ${(error as Error).message}`,
@@ -181,5 +209,19 @@ export class NatsKvLease implements LeaseBackend {
         },
       );
     }
+  }
+}
+
+/** Runs one operation on the bucket; the broker's silence past the timeout is the mesh's `timeout`. */
+async function answered<T>(
+  nc: NatsConnection,
+  timeoutMs: number | undefined,
+  operation: () => Promise<T>,
+): Promise<T> {
+  try {
+    return await operation();
+  } catch (error) {
+    if (error instanceof TimeoutError) throw noAnswer(nc.getServer(), timeoutMs ?? 5000, error);
+    throw error;
   }
 }

@@ -5,7 +5,16 @@
  */
 import { spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
-import { accessSync, chmodSync, constants, createWriteStream, mkdirSync } from "node:fs";
+import {
+  accessSync,
+  chmodSync,
+  constants,
+  createWriteStream,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+} from "node:fs";
 import { createServer, connect as connectTcp } from "node:net";
 import { delimiter, join } from "node:path";
 import { MeshError } from "../../errors.js";
@@ -179,4 +188,53 @@ export function freePort(host = "127.0.0.1"): Promise<number> {
       server.close(() => resolve(port));
     });
   });
+}
+
+/**
+ * The process listening on a TCP port of this host, as `pid command…`, when Linux's /proc shows it to this user;
+ * undefined when it cannot be told (another user's process without root, another system).
+ */
+export function whoListens(port: number): string | undefined {
+  const inodes = new Set<string>();
+  for (const table of ["/proc/net/tcp", "/proc/net/tcp6"]) {
+    let text: string;
+    try {
+      text = readFileSync(table, "utf8");
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === "ENOENT") continue;
+      throw error;
+    }
+    for (const line of text.split("\n").slice(1)) {
+      const fields = line.trim().split(/\s+/);
+      const [, local, , state, , , , , , inode] = fields;
+      // State 0A is LISTEN; the local address ends with the port in hex.
+      if (state === "0A" && local?.endsWith(`:${port.toString(16).toUpperCase().padStart(4, "0")}`) && inode)
+        inodes.add(`socket:[${inode}]`);
+    }
+  }
+  if (inodes.size === 0) return undefined;
+  for (const pid of readdirSync("/proc").filter((entry) => /^\d+$/.test(entry))) {
+    let fds: string[];
+    try {
+      fds = readdirSync(`/proc/${pid}/fd`);
+    } catch (error) {
+      // Another user's process, or one that ended meanwhile: not ours to see.
+      if (["EACCES", "ENOENT", "EPERM"].includes((error as NodeJS.ErrnoException).code ?? "")) continue;
+      throw error;
+    }
+    for (const fd of fds) {
+      let target: string;
+      try {
+        target = readlinkSync(`/proc/${pid}/fd/${fd}`);
+      } catch (error) {
+        if (["EACCES", "ENOENT", "EPERM"].includes((error as NodeJS.ErrnoException).code ?? "")) continue;
+        throw error;
+      }
+      if (inodes.has(target)) {
+        const command = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").filter(Boolean).join(" ");
+        return `${pid} ${command}`.slice(0, 200);
+      }
+    }
+  }
+  return undefined;
 }
