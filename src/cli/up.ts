@@ -36,6 +36,9 @@ import type { GlobalFlags } from "./context.js";
 import { optionsFrom, recordedAccess, withStore } from "./context.js";
 
 const host = "127.0.0.1";
+/** How long a stopping control plane waits for its own stop, and then for what it left open, before it ends. */
+const stopWithinMs = 15_000;
+const endWithinMs = 2000;
 const defaultNatsPort = 4222;
 const metricsFlag = "--metrics <host:port>";
 const rabbitmqApiFlag = "--rabbitmq-api <url>";
@@ -100,7 +103,14 @@ async function serveHere(options: MeshOptions, broker: BrokerAccess, child: bool
     ),
   ]);
   log.info("mesh.stopping", { reason });
-  await plane.stop();
+  // A broker that does not answer (paused) may hold the stop, and a socket it never closes the process: neither may
+  // keep a control plane that stopped acting from ending, for whoever restarts it. The exit code is set by then.
+  const stopped = await Promise.race([
+    plane.stop().then(() => true),
+    new Promise<false>((resolve) => setTimeout(() => resolve(false), stopWithinMs).unref()),
+  ]);
+  if (!stopped) log.warn("control.stop_slow", { within_ms: stopWithinMs, note: "ending without waiting" });
+  setTimeout(() => process.exit(), endWithinMs).unref();
   // The open channel to `mesh up` (listened on for its going) keeps this process alive: closed, the process ends
   // once the control plane has, and `mesh up` starts another.
   if (child && process.connected) process.disconnect();

@@ -132,6 +132,14 @@ async function connect(location: StoreLocation, url: string): Promise<Kysely<Dat
       pool.on("error", (error) => {
         process.stderr.write(`store: an idle PostgreSQL connection closed: ${describe(error)}\n`);
       });
+      // A connection in use whose socket dies fails its query, which the caller sees and handles (the store is
+      // unreachable); the client also emits the error, and the pool listens only while the client is idle: without
+      // this listener that second telling would end the whole process. The pool drops the broken client on release.
+      pool.on("connect", (client) => {
+        client.on("error", (error) => {
+          process.stderr.write(`store: a PostgreSQL connection in use closed: ${describe(error)}\n`);
+        });
+      });
       return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
     }
     default: {
