@@ -1,11 +1,10 @@
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import { hashSecret, issueToken, revokeToken, spendToken } from "../../src/control/tokens.js";
 import { TokenRefused } from "../../src/errors.js";
 import { decodeToken } from "../../src/link/index.js";
 import type { Store } from "../../src/store/index.js";
-import { openStore } from "../../src/store/index.js";
-import { storeBackends } from "../support/stores.js";
+import { storeBackends, freshStoreForSuite } from "../support/stores.js";
 
 const fingerprint = `SHA256:${"B".repeat(43)}`;
 const t0 = new Date("2026-03-01T12:00:00.000Z");
@@ -13,16 +12,8 @@ const later = (ms: number) => new Date(t0.getTime() + ms);
 
 for (const backend of storeBackends) {
   describe(`tokens (${backend.name})`, () => {
-    let location: { url: string; cleanup(): Promise<void> };
     let store: Store;
-    before(async () => {
-      location = await backend.fresh();
-      store = await openStore(location.url, { historyLimit: 5 });
-    });
-    after(async () => {
-      await store.close();
-      await location.cleanup();
-    });
+    freshStoreForSuite(backend, { historyLimit: 5 }, (opened) => (store = opened));
 
     const issue = async (node: string, ttlMs = 3_600_000) => {
       const issued = await issueToken(store, { node, ttlMs, fingerprint, now: t0 });

@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { after, before, describe, test } from "node:test";
+import { after, describe, test } from "node:test";
 import type { BrokerIdentities } from "../../src/bus/index.js";
 import type { EnrolmentContext } from "../../src/control/enrolment.js";
 import { answerEnrolment } from "../../src/control/enrolment.js";
@@ -15,8 +15,7 @@ import { loadOrCreateSigningKey } from "../../src/keys/index.js";
 import { decodeToken, encodeMessage } from "../../src/link/index.js";
 import { createLogger } from "../../src/log.js";
 import type { Store } from "../../src/store/index.js";
-import { openStore } from "../../src/store/index.js";
-import { storeBackends } from "../support/stores.js";
+import { storeBackends, freshStoreForSuite } from "../support/stores.js";
 import { tempDir } from "../support/tmp.js";
 
 const log = createLogger({ write: () => undefined });
@@ -40,15 +39,9 @@ function failingEnrolmentEvents(store: Store): Store {
 for (const backend of storeBackends) {
   describe(`enrolment in one transaction (${backend.name})`, () => {
     const dir = tempDir("mesh-enrol-tx-");
-    let location: { url: string; cleanup(): Promise<void> };
     let store: Store;
-    before(async () => {
-      location = await backend.fresh();
-      store = await openStore(location.url, { historyLimit: 5 });
-    });
-    after(async () => {
-      await store.close();
-      await location.cleanup();
+    freshStoreForSuite(backend, { historyLimit: 5 }, (opened) => (store = opened));
+    after(() => {
       dir.remove();
     });
 

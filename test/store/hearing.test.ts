@@ -4,13 +4,12 @@
  * queue while the store takes no writes.
  */
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import { Hearing } from "../../src/control/hearing.js";
 import { createLogger } from "../../src/log.js";
 import type { Store } from "../../src/store/index.js";
-import { openStore } from "../../src/store/index.js";
 import { hearingGapsKept } from "../../src/store/hearing.js";
-import { storeBackends } from "../support/stores.js";
+import { storeBackends, freshStoreForSuite } from "../support/stores.js";
 
 const at = (second: number) => new Date(Date.UTC(2026, 5, 1, 12, 0, 0) + second * 1000).toISOString();
 
@@ -21,17 +20,8 @@ async function until(what: string, check: () => boolean): Promise<void> {
 
 for (const backend of storeBackends) {
   describe(`hearing (${backend.name})`, () => {
-    let location: { url: string; cleanup(): Promise<void> };
     let store: Store;
-
-    before(async () => {
-      location = await backend.fresh();
-      store = await openStore(location.url, { historyLimit: 10 });
-    });
-    after(async () => {
-      await store.close();
-      await location.cleanup();
-    });
+    freshStoreForSuite(backend, { historyLimit: 10 }, (opened) => (store = opened));
 
     test("store — a stretch begun after the last moment heard leaves a gap; moments heard move only forward", async () => {
       assert.equal(await store.hearing.read(), undefined);

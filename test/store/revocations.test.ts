@@ -13,7 +13,7 @@ import { MeshError } from "../../src/errors.js";
 import { createLogger } from "../../src/log.js";
 import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
-import { enrolled, storeBackends } from "../support/stores.js";
+import { enrolled, storeBackends, freshStoreForSuite } from "../support/stores.js";
 
 const t0 = new Date("2026-03-01T12:00:00.000Z");
 const at = (ms: number) => new Date(t0.getTime() + ms);
@@ -23,16 +23,8 @@ const log = createLogger({ level: "error" });
 
 for (const backend of storeBackends) {
   describe(`revocations and token retention (${backend.name})`, () => {
-    let location: { url: string; cleanup(): Promise<void> };
     let store: Store;
-    before(async () => {
-      location = await backend.fresh();
-      store = await openStore(location.url, { historyLimit: 5 });
-    });
-    after(async () => {
-      await store.close();
-      await location.cleanup();
-    });
+    freshStoreForSuite(backend, { historyLimit: 5 }, (opened) => (store = opened));
 
     /** A token for `node`, issued at `issued` for `ttlMs`, with a broker identity `U-<id>` unless told not to. */
     const token = async (id: string, node: string, issued: Date, ttlMs: number, credential = true) => {

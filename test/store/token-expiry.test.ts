@@ -3,26 +3,17 @@
  * earliest expiry among tokens that still carry a usable broker identity, on SQLite and on PostgreSQL.
  */
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import type { Store } from "../../src/store/index.js";
-import { openStore } from "../../src/store/index.js";
-import { storeBackends } from "../support/stores.js";
+import { storeBackends, freshStoreForSuite } from "../support/stores.js";
 
 const t0 = new Date("2026-03-01T12:00:00.000Z");
 const at = (ms: number) => new Date(t0.getTime() + ms);
 
 for (const backend of storeBackends) {
   describe(`token expiry (${backend.name})`, () => {
-    let location: { url: string; cleanup(): Promise<void> };
     let store: Store;
-    before(async () => {
-      location = await backend.fresh();
-      store = await openStore(location.url, { historyLimit: 5 });
-    });
-    after(async () => {
-      await store.close();
-      await location.cleanup();
-    });
+    freshStoreForSuite(backend, { historyLimit: 5 }, (opened) => (store = opened));
 
     let issued = 0;
     const issue = async (node: string, expiresInMs: number, brokerUser: string | null = `U-${node}`) => {

@@ -1,6 +1,8 @@
 /** The store backends every store test runs against: a SQLite file and a fresh PostgreSQL database. */
 import { join } from "node:path";
-import type { Store } from "../../src/store/index.js";
+import { after, before } from "node:test";
+import type { Store, StoreOptions } from "../../src/store/index.js";
+import { openStore } from "../../src/store/index.js";
 import { scratchDatabase } from "./postgres.js";
 import { tempDir } from "./tmp.js";
 
@@ -45,5 +47,27 @@ export async function enrolled(store: Store, node: string, at: Date): Promise<vo
     brokerUser: `U-${node}`,
     profile: "{}",
     at: at.toISOString(),
+  });
+}
+
+/**
+ * A fresh store of `backend` for one suite: opened before its tests (handed to `opened`), closed and removed after
+ * them.
+ */
+export function freshStoreForSuite(
+  backend: StoreBackend,
+  options: StoreOptions,
+  opened: (store: Store) => void,
+): void {
+  let location: { url: string; cleanup(): Promise<void> } | undefined;
+  let store: Store | undefined;
+  before(async () => {
+    location = await backend.fresh();
+    store = await openStore(location.url, options);
+    opened(store);
+  });
+  after(async () => {
+    await store?.close();
+    await location?.cleanup();
   });
 }
