@@ -83,6 +83,7 @@ export function meshUnit(spec: MeshUnitSpec): string {
               ? "It writes only its data dir (the store, its keys, its own nats-server's JetStream files)."
               : "It writes only its data dir (the store, its keys).",
         },
+        ...(spec.broker === undefined ? supervisorStop : []),
         ["ProtectSystem", "strict"],
         ...writableState(dataDir, "mesh"),
         ...homeAndTmp([dataDir]),
@@ -106,6 +107,19 @@ function unitSection(description: string): Line[] {
 }
 
 const installSection: Line[] = [["WantedBy", "multi-user.target"]];
+
+/**
+ * `mesh up` stops its children itself and in order — the control plane first, which gives the lease back through the
+ * broker, then the broker: the stop signal goes to it alone, and what is left after the timeout is killed.
+ */
+const supervisorStop: Line[] = [
+  {
+    comment:
+      "mesh up stops its control plane, then its nats-server, in that order: the signal goes to it alone.",
+  },
+  ["KillMode", "mixed"],
+  ["TimeoutStopSec", "45s"],
+];
 
 const kernelProtection: Line[] = [
   ["ProtectKernelTunables", "yes"],

@@ -38,6 +38,9 @@ describe("service units", () => {
     assert.deepEqual(values(serve, "ExecStart"), [
       "/usr/bin/node /opt/mesh/bin/mesh.js --data /var/lib/mesh --store postgres://db/mesh serve --broker nats://10.0.0.1:4222",
     ]);
+    // mesh up stops its children itself, the control plane before the broker: the stop signal is its alone.
+    assert.deepEqual(values(up, "KillMode"), ["mixed"]);
+    assert.deepEqual(values(serve, "KillMode"), []);
   });
 
   test("units — both restart on failure, but not on bad usage or a refused identity", () => {
