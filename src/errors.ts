@@ -70,6 +70,14 @@ export const meshErrorCodes = {
     meaning: "the lease no longer stands at the epoch a command acts under",
   },
   no_lease: { exit: exitCodes.failure, meaning: "nobody holds the lease and this command could not take it" },
+  fenced: {
+    exit: exitCodes.failure,
+    meaning: "the store refused a write whose epoch is below the floor: another controller took the lease",
+  },
+  plan_changed: {
+    exit: exitCodes.failure,
+    meaning: "the plan changed since the revision a write was based on",
+  },
   metrics: { exit: exitCodes.failure, meaning: "metrics could not be served" },
   stopped: { exit: exitCodes.failure, meaning: "the mesh stopped for a reason other than a signal" },
   host_state: { exit: exitCodes.failure, meaning: "the node's own state files are missing or damaged" },

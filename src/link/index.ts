@@ -109,3 +109,5 @@ export { checkDeclaredFiles, fileItemsOf } from "./declaration-file.js";
 export type { DeclaredFileInput } from "./declaration-file.js";
 export { holderRecordSchema, parseHolderRecord } from "./lease-record.js";
 export type { HolderRecord } from "./lease-record.js";
+export { planSchema, resourcesSchema, selectorSchema, unitSchema } from "./plan.js";
+export type { Plan, PlanUnit, Resources, Selector } from "./plan.js";

@@ -8,7 +8,7 @@ import { nodeNamePattern } from "./names.js";
  * are strict instead: they are signed, and a field the node would silently drop is a field it was told to obey.
  */
 
-const nodeName = z.string().regex(nodeNamePattern, {
+export const nodeName = z.string().regex(nodeNamePattern, {
   error: "expected a node name: 1–63 of a-z, 0-9 and '-', not starting or ending with '-'",
 });
 
@@ -18,7 +18,7 @@ const timestamp = z.iso.datetime({
 });
 
 /** A short piece of text from a machine or a person: a version, an OS name, a role. */
-const word = z.string().min(1).max(256);
+export const word = z.string().min(1).max(256);
 
 /** Why something failed or was refused: a tool's error line, bounded so what a node says cannot fill a disk or a log. */
 const reasonText = z
@@ -70,7 +70,7 @@ const itemId = z
   .regex(/^[a-z_]+:.+$/s, { error: 'expected an item id "<type>:<name>", e.g. "file:/etc/motd"' });
 
 /** Label keys exclude a leading '_' or '.' so no key can reach an object's prototype. */
-const labelKey = z.string().regex(/^[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$/, {
+export const labelKey = z.string().regex(/^[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$/, {
   error:
     "expected a label key: 1–128 of A-Z, a-z, 0-9, '.', '_', '/' and '-', starting and ending alphanumeric",
 });

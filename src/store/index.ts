@@ -13,3 +13,4 @@ export type { AccountRecord } from "./accounts.js";
 export type { MeshEvent, StoredEvent } from "./events.js";
 export type { NoEpochController } from "./no-epoch.js";
 export type { HearingGap, HearingRecord } from "./hearing.js";
+export type { PlanRevision, PlanWrite } from "./plans.js";

@@ -225,6 +225,23 @@ const controlHearing: NumberedMigration = () => ({
   },
 });
 
+/** Every revision of the plan, each written by compare-and-set on the one before it, with its writer's epoch. */
+const plans: NumberedMigration = () => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema
+      .createTable("plans")
+      .addColumn("revision", "integer", (c) => c.primaryKey())
+      .addColumn("plan", "text", (c) => c.notNull())
+      .addColumn("written_at", "text", (c) => c.notNull())
+      .addColumn("written_by", "text", (c) => c.notNull())
+      .addColumn("epoch", "integer", (c) => c.notNull())
+      .execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema.dropTable("plans").execute();
+  },
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
@@ -235,6 +252,7 @@ const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0007_one_node_per_broker_user", oneNodePerBrokerUser],
   ["0008_tokens_by_expiry", tokensByExpiry],
   ["0009_control_hearing", controlHearing],
+  ["0010_plans", plans],
 ];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {

@@ -12,6 +12,7 @@ import { AccountQueries } from "./accounts.js";
 import { CounterQueries } from "./counters.js";
 import { SqlLease } from "./lease.js";
 import { HearingQueries } from "./hearing.js";
+import { PlanQueries } from "./plans.js";
 import { StatementTexts } from "./statements.js";
 import { RevokedIdentityQueries } from "./revoked-identities.js";
 import { DeclarationQueries } from "./declarations.js";
@@ -42,6 +43,7 @@ export class Store {
   readonly revokedIdentities: RevokedIdentityQueries;
   readonly noEpoch: NoEpochQueries;
   readonly hearing: HearingQueries;
+  readonly plans: PlanQueries;
 
   constructor(
     readonly dialect: Dialect,
@@ -60,6 +62,7 @@ export class Store {
     this.revokedIdentities = new RevokedIdentityQueries(db);
     this.noEpoch = new NoEpochQueries(db);
     this.hearing = new HearingQueries(db);
+    this.plans = new PlanQueries(db);
   }
 
   /**

@@ -120,7 +120,16 @@ export interface HearingGapTable {
   to_at: string;
 }
 
+export interface PlanTable {
+  revision: number;
+  plan: string;
+  written_at: string;
+  written_by: string;
+  epoch: number;
+}
+
 export interface Database {
+  plans: PlanTable;
   control_hearing: ControlHearingTable;
   hearing_gaps: HearingGapTable;
   controller_no_epoch: ControllerNoEpochTable;
