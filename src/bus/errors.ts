@@ -24,3 +24,14 @@ export class NobodyAnswers extends BusError {
     this.name = "NobodyAnswers";
   }
 }
+
+/** Socket errors (Node's `code`) that mean the broker cannot be reached, as opposed to refusing us. */
+export const unreachableSocketCodes: ReadonlySet<string> = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ETIMEDOUT",
+]);

@@ -4,7 +4,7 @@
  * its own expiry. Retiring is one transaction. On SQLite and PostgreSQL alike.
  */
 import assert from "node:assert/strict";
-import { after, afterEach, before, describe, mock, test } from "node:test";
+import { afterEach, describe, mock, test } from "node:test";
 import { pruneTokens } from "../../src/control/retention.js";
 import { retireNode } from "../../src/control/retire.js";
 import { RevocationSync } from "../../src/control/revocation-sync.js";
@@ -12,8 +12,7 @@ import { currentRevocations, retiredNodes, tokensToKeep } from "../../src/contro
 import { MeshError } from "../../src/errors.js";
 import { createLogger } from "../../src/log.js";
 import type { Store } from "../../src/store/index.js";
-import { openStore } from "../../src/store/index.js";
-import { enrolled, storeBackends, freshStoreForSuite } from "../support/stores.js";
+import { enrolled, freshStoreForSuite, storeBackends } from "../support/stores.js";
 
 const t0 = new Date("2026-03-01T12:00:00.000Z");
 const at = (ms: number) => new Date(t0.getTime() + ms);
@@ -133,16 +132,8 @@ for (const backend of storeBackends) {
 }
 
 describe("revocation sync", () => {
-  let location: { url: string; cleanup(): Promise<void> };
   let store: Store;
-  before(async () => {
-    location = await storeBackends[0]!.fresh();
-    store = await openStore(location.url, { historyLimit: 5 });
-  });
-  after(async () => {
-    await store.close();
-    await location.cleanup();
-  });
+  freshStoreForSuite(storeBackends[0]!, { historyLimit: 5 }, (opened) => (store = opened));
   afterEach(() => mock.timers.reset());
 
   test("revocation sync — a burst of enrolments shares one update, once the grace has passed", async () => {

@@ -8,7 +8,7 @@ import amqp, { IllegalOperationError } from "amqplib";
 import type { Channel, ChannelModel, ConfirmChannel, Options, RecoveringChannelModel } from "amqplib";
 import type { Logger } from "../../log.js";
 import { errorText } from "../../log.js";
-import { BrokerRefusedIdentity, BusError } from "../errors.js";
+import { BrokerRefusedIdentity, BusError, unreachableSocketCodes } from "../errors.js";
 
 export interface AmqpAddress {
   /** `amqp://host:port/vhost` without credentials: what nodes are told. */
@@ -216,17 +216,6 @@ const refusedCodes: ReadonlySet<number> = new Set([
   530, // NOT_ALLOWED: no access to the vhost
 ]);
 
-/** Socket errors (Node's `code`) that mean the broker cannot be reached, as opposed to refusing us. */
-const unreachableCodes: ReadonlySet<string> = new Set([
-  "ECONNREFUSED",
-  "ECONNRESET",
-  "ENOTFOUND",
-  "EAI_AGAIN",
-  "EHOSTUNREACH",
-  "ENETUNREACH",
-  "ETIMEDOUT",
-]);
-
 function isRefusedLogin(error: Error): boolean {
   const code = replyCodeOf(error);
   return code !== undefined && refusedCodes.has(code);
@@ -249,7 +238,9 @@ function replyCodeOf(error: unknown): number | undefined {
 function isUnreachable(error: unknown): boolean {
   if (!(error instanceof Error)) return false;
   const code: unknown = (error as NodeJS.ErrnoException).code;
-  return (typeof code === "string" && unreachableCodes.has(code)) || error.message === "connect ETIMEDOUT";
+  return (
+    (typeof code === "string" && unreachableSocketCodes.has(code)) || error.message === "connect ETIMEDOUT"
+  );
 }
 
 /** The mesh's reading of an amqplib error: by the broker's reply code and Node's error code, not the text. */

@@ -13,7 +13,7 @@ import {
 import { nodeResolveHost, NodeTransport } from "@nats-io/transport-node/lib/node_transport.js";
 import { encode, fromSeed } from "@nats-io/nkeys";
 import { fastSigner } from "./authority.js";
-import { BrokerRefusedIdentity, BusError } from "../errors.js";
+import { BrokerRefusedIdentity, BusError, unreachableSocketCodes } from "../errors.js";
 
 export interface NatsIdentity {
   jwt: string;
@@ -98,17 +98,6 @@ function jwtSigner(identity: NatsIdentity): Authenticator {
   });
 }
 
-/** Socket errors (Node's `code`) that mean the broker cannot be reached, as opposed to refusing us. */
-const unreachableCodes: ReadonlySet<string> = new Set([
-  "ECONNREFUSED",
-  "ECONNRESET",
-  "ENOTFOUND",
-  "EAI_AGAIN",
-  "EHOSTUNREACH",
-  "ENETUNREACH",
-  "ETIMEDOUT",
-]);
-
 /** The mesh's reading of a NATS client error: by the client's error classes and Node's codes, never its text. */
 export function asBusError(error: unknown, url: string): BusError {
   if (error instanceof BusError) return error;
@@ -129,7 +118,7 @@ export function asBusError(error: unknown, url: string): BusError {
   if (
     what instanceof ConnectionError ||
     what instanceof TimeoutError ||
-    unreachableCodes.has(errnoOf(what))
+    unreachableSocketCodes.has(errnoOf(what))
   ) {
     return new BusError("broker_unreachable", `cannot reach the broker at ${url}: ${message}`, {
       cause: error,
