@@ -78,6 +78,15 @@ export const meshErrorCodes = {
     exit: exitCodes.failure,
     meaning: "the plan changed since the revision a write was based on",
   },
+  plan_unknown: { exit: exitCodes.failure, meaning: "no plan revision by that number" },
+  not_sent: {
+    exit: exitCodes.failure,
+    meaning: "the plan was written, and the control plane had not sent it when the command's deadline passed",
+  },
+  not_applied: {
+    exit: exitCodes.failure,
+    meaning: "with --wait: a node failed, refused or was out of touch, or the deadline passed first",
+  },
   metrics: { exit: exitCodes.failure, meaning: "metrics could not be served" },
   stopped: { exit: exitCodes.failure, meaning: "the mesh stopped for a reason other than a signal" },
   host_state: { exit: exitCodes.failure, meaning: "the node's own state files are missing or damaged" },

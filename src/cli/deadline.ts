@@ -17,7 +17,15 @@ export class BrokerDeadline {
   /** What the command has not done while it has written nothing: "nothing was declared". */
   private nothingDone = "nothing was done";
 
+  /** When the command first reached for the broker: the deadline counts from there. */
+  private reachedAt: number | undefined;
+
   constructor(readonly ms: number) {}
+
+  /** What is left of the deadline (all of it before the command reached for the broker). */
+  remainingMs(): number {
+    return this.reachedAt === undefined ? this.ms : Math.max(0, this.reachedAt + this.ms - Date.now());
+  }
 
   /** The deadline as the operator would write it, with the flag that sets it. */
   get said(): string {
@@ -31,6 +39,7 @@ export class BrokerDeadline {
    */
   reach(nothingDone?: string): void {
     if (nothingDone !== undefined && !this.writing) this.nothingDone = nothingDone;
+    this.reachedAt ??= Date.now();
     guardDeadline(this.ms, () => `mesh: no answer from the broker ${this.said}; ${this.done()}`);
   }
 

@@ -2,15 +2,18 @@
  * `mesh lab --nodes N`: N simulated nodes in this process against a running control plane (`mesh up` or
  * `mesh serve` on the same data dir), each joining with its own token and running the agent's own code.
  */
+import { readFileSync } from "node:fs";
 import type { Command } from "commander";
 import { openIdentities } from "../bus/index.js";
 import type { BrokerIdentities } from "../bus/index.js";
-import { MeshError } from "../errors.js";
+import { MeshError, UsageError } from "../errors.js";
 import { Lab } from "../lab/lab.js";
 import type { LabStatus } from "../lab/lab.js";
 import type { LabFlags } from "../lab/options.js";
 import { compileLabOptions } from "../lab/options.js";
 import { spread } from "../lab/figures.js";
+import type { ProfileSet } from "../lab/profiles.js";
+import { parseProfileFile } from "../lab/profiles.js";
 import { createLogger, errorText } from "../log.js";
 import { parseDuration } from "../config/duration.js";
 import type { GlobalFlags } from "./context.js";
@@ -20,13 +23,17 @@ import { stdoutOutput } from "../program/output.js";
 interface Flags extends LabFlags {
   broker?: string;
   root?: string;
+  profiles?: string;
   summaryEvery: string;
 }
 
 export function registerLabCommand(program: Command): void {
   program
     .command("lab")
-    .description("run N simulated nodes against a running control plane (same --data), until Ctrl-C")
+    .description(
+      "run N simulated nodes against a running control plane (same --data), until Ctrl-C; with --profiles FILE " +
+        "(YAML or JSON: [{labels, cpu, memory_mb, drivers, weight}, …]) the nodes take its profile sets in turn",
+    )
     .requiredOption("--nodes <n>", "how many nodes (1 to 100000)")
     .option("--broker <url>", "the broker (default: the one `mesh up` or `mesh serve` recorded)")
     .option("--alive-every <duration>", "how often each node says alive", "15s")
@@ -40,12 +47,19 @@ export function registerLabCommand(program: Command): void {
     .option("--join-concurrency <n>", "how many nodes join at once", "100")
     .option("--join-timeout <duration>", "how long a join waits for the control plane", "60s")
     .option("--root <dir>", "keep each node's state and files on disk under <dir>/<node>/ (default: memory)")
+    .option(
+      "--profiles <file>",
+      "profile sets the nodes join with, in node order (round-robin, or by each set's weight); " +
+        "what a set leaves out stays as this machine has it",
+    )
     .option("--summary-every <duration>", "how often to print the summary while running", "10s")
     .option("--json", "print each summary as one JSON line")
     .action(async (flags: Flags, command: Command) => {
       const globals = command.optsWithGlobals<GlobalFlags>();
       const labOptions = compileLabOptions(flags);
       const summaryEveryMs = parseDuration(flags.summaryEvery, "--summary-every");
+      // Read and checked before any token is issued: a bad file changes nothing in the mesh.
+      const profiles = flags.profiles === undefined ? undefined : readProfiles(flags.profiles);
       const options = optionsFrom(globals);
       const out = stdoutOutput(globals.json === true);
       const say = (text: string, document: Record<string, unknown>) =>
@@ -66,6 +80,7 @@ export function registerLabCommand(program: Command): void {
         dataDir: options.dataDir,
         log: createLogger({ level: "warn" }),
         ...(flags.root === undefined ? {} : { root: flags.root }),
+        ...(profiles === undefined ? {} : { profiles }),
       });
       say(modeLine(labOptions.nodes, labOptions.connections, labOptions.groupSize), {
         event: "lab.mode",
@@ -132,6 +147,16 @@ export function registerLabCommand(program: Command): void {
       const final = lab.status();
       say(`stopped (${reason}). ${summaryLine(final)}`, { event: "lab.stopped", reason, ...final });
     });
+}
+
+function readProfiles(file: string): ProfileSet[] {
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch (error) {
+    throw new UsageError(`--profiles: cannot read ${file}: ${errorText(error)}`, { cause: error });
+  }
+  return parseProfileFile(text, file);
 }
 
 export function modeLine(nodes: number, connections: "own" | "shared", groupSize: number): string {

@@ -5,6 +5,7 @@ import { registerInstallCommand } from "./install.js";
 import { registerLabCommand } from "./lab.js";
 import { registerLeaseCommands } from "./lease.js";
 import { registerNodeCommands } from "./node.js";
+import { registerPlanCommands } from "./plan.js";
 import { registerServeCommands } from "./up.js";
 import { runProgram } from "../program/run.js";
 import { registerTokenCommands } from "./token.js";
@@ -27,6 +28,7 @@ export function meshProgram(): Command {
   registerTokenCommands(program);
   registerNodeCommands(program);
   registerDeclareCommand(program);
+  registerPlanCommands(program);
   registerServeCommands(program);
   registerLeaseCommands(program);
   registerLabCommand(program);

@@ -69,6 +69,8 @@ export interface ControlPeriods {
   hearingEveryMs: number;
   /** How long the broker may take to answer before the control plane counts itself deaf. */
   hearingAnswerWithinMs: number;
+  /** How often the control plane looks whether the plan or the fleet changed (and so what to send). */
+  planEveryMs: number;
 }
 
 /** What may be set, by its name in mesh.yaml; the environment variable is MESH_ + the name in capitals. */
@@ -213,6 +215,7 @@ export function controlPeriods(outOfTouchAfterMs: number): ControlPeriods {
     noEpochLogEveryMs: 60_000,
     hearingEveryMs: 1000,
     hearingAnswerWithinMs: 3000,
+    planEveryMs: 200,
   };
 }
 

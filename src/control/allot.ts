@@ -5,8 +5,10 @@
  * moves only the placements it must), and respects resources (a placement's request must fit what is left of its
  * node). What cannot be placed is a condition, for a person to read.
  */
-import type { DeclaredItem, Plan, PlanUnit, Selector } from "../link/index.js";
-import { fileItemsOf } from "../link/index.js";
+import type { DeclaredItem, Plan, PlanUnit, Selector, UnitContents } from "../link/index.js";
+import { parseDuration } from "../config/duration.js";
+import { MeshError } from "../errors.js";
+import { fileItemsOf, itemsDigest } from "../link/index.js";
 
 /** A node as allot sees it: its name and the profile it sent at enrolment. */
 export interface FleetNode {
@@ -69,8 +71,23 @@ export function rendezvousScore(unit: string, node: string): number {
   return hash >>> 0;
 }
 
-export function allot(plan: Plan, fleet: readonly FleetNode[]): Allotment {
+/**
+ * How long each node has been out of touch, in milliseconds (absent: here, or never heard). A unit with `move_after`
+ * does not count a node out of touch that long among its candidates, so its placement moves elsewhere.
+ */
+export type Away = ReadonlyMap<string, number>;
+
+export function allot(plan: Plan, fleet: readonly FleetNode[], away: Away = new Map()): Allotment {
   const placed = new Map<string, readonly string[]>();
+  const byName = new Map(fleet.map((node) => [node.name, node]));
+  // A unit naming its nodes (a pin from `mesh declare`) looks only at those: ten thousand pins stay cheap.
+  const candidatesOf = (selector: Selector | undefined): readonly FleetNode[] =>
+    selector?.nodes === undefined
+      ? fleet
+      : [...new Set(selector.nodes)].flatMap((name) => {
+          const node = byName.get(name);
+          return node === undefined ? [] : [node];
+        });
   const conditions: Condition[] = [];
   const left = new Map(
     fleet.map((node) => [node.name, { cpu: node.profile.cpu, memory_mb: node.profile.memory_mb }]),
@@ -78,7 +95,9 @@ export function allot(plan: Plan, fleet: readonly FleetNode[]): Allotment {
   // By name, so the order units are written in moves nothing; units on every match first: they take no capacity.
   const units = [...plan.units].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   for (const unit of units.filter((one) => one.count === undefined)) {
-    const nodes = fleet.filter((node) => matches(unit.where, node)).map((node) => node.name);
+    const nodes = candidatesOf(unit.where)
+      .filter((node) => matches(unit.where, node))
+      .map((node) => node.name);
     placed.set(unit.name, nodes.sort());
     if (nodes.length === 0) {
       conditions.push({
@@ -91,8 +110,11 @@ export function allot(plan: Plan, fleet: readonly FleetNode[]): Allotment {
   }
   for (const unit of units.filter((one) => one.count !== undefined)) {
     const count = unit.count ?? 0;
-    const candidates = fleet
-      .filter((node) => matches(unit.where, node))
+    const moveAfterMs =
+      unit.move_after === undefined ? undefined : parseDuration(unit.move_after, "move_after");
+    const matching = candidatesOf(unit.where).filter((node) => matches(unit.where, node));
+    const candidates = matching
+      .filter((node) => moveAfterMs === undefined || (away.get(node.name) ?? 0) < moveAfterMs)
       .map((node) => ({ name: node.name, score: rendezvousScore(unit.name, node.name) }))
       .sort((a, b) => b.score - a.score || (a.name < b.name ? -1 : 1));
     const chosen: string[] = [];
@@ -112,7 +134,9 @@ export function allot(plan: Plan, fleet: readonly FleetNode[]): Allotment {
     }
     placed.set(unit.name, chosen.sort());
     if (chosen.length < count)
-      conditions.push(shortOf(unit, count, chosen.length, candidates.length, lacking));
+      conditions.push(
+        shortOf(unit, count, chosen.length, candidates.length, lacking, matching.length - candidates.length),
+      );
   }
   return { placed, conditions };
 }
@@ -123,6 +147,7 @@ function shortOf(
   placed: number,
   matching: number,
   lacking: number,
+  away: number,
 ): Condition {
   const head = `${unit.name}: ${wanted} wanted, ${placed} placed`;
   const request = Object.entries(unit.resources ?? {})
@@ -132,7 +157,11 @@ function shortOf(
     lacking === 0
       ? `${head}: only ${matching} node${matching === 1 ? "" : "s"} match${matching === 1 ? "es" : ""}`
       : `${head}: ${matching} match, ${lacking} without room for ${request}`;
-  return { unit: unit.name, wanted, placed, reason };
+  const moved =
+    away === 0
+      ? ""
+      : `; ${away} more match but ${away === 1 ? "is" : "are"} out of touch longer than ${unit.move_after ?? ""}`;
+  return { unit: unit.name, wanted, placed, reason: reason + moved };
 }
 
 /** Two units that would put different items under one id on one node: the plan cannot be applied. */
@@ -142,31 +171,86 @@ export interface ItemConflict {
   units: [string, string];
 }
 
+/** What one node should hold, as composed from the units placed on it. */
+export interface Composition {
+  /** The units placed on the node, by name, sorted. */
+  units: string[];
+  /** Their items, in unit-name order, an item two units declare identically held once. */
+  items: DeclaredItem[];
+  /** `itemsDigest(items)`: what is compared with the digest last sent. */
+  digest: string;
+  conflicts: ItemConflict[];
+}
+
 /**
- * What one node should hold: the items of every unit placed on it, in unit-name order, an item two units declare
- * identically held once. Conflicts are returned, not resolved: a plan with any is refused whole.
+ * Composes what every node of the fleet should hold: each unit's items are made once, and nodes placed on the same
+ * set of units share one composition (a fleet of ten thousand nodes usually has a handful of distinct ones). A node
+ * with no unit composes to holding nothing. Conflicts are returned, not resolved: a plan with any is refused whole.
  */
-export function composeFor(
+export function composeFleet(
   plan: Plan,
   allotment: Allotment,
-  node: string,
-): { items: DeclaredItem[]; units: string[]; conflicts: ItemConflict[] } {
-  const units = plan.units
-    .filter((unit) => allotment.placed.get(unit.name)?.includes(node) === true)
-    .sort((a, b) => (a.name < b.name ? -1 : 1));
-  const byId = new Map<string, { item: DeclaredItem; unit: string; text: string }>();
-  const conflicts: ItemConflict[] = [];
-  for (const unit of units) {
-    for (const item of fileItemsOf(unit.files)) {
-      const text = JSON.stringify(item);
-      const earlier = byId.get(item.id);
-      if (earlier === undefined) byId.set(item.id, { item, unit: unit.name, text });
-      else if (earlier.text !== text) conflicts.push({ node, id: item.id, units: [earlier.unit, unit.name] });
-    }
+  nodes: readonly string[],
+): Map<string, Composition> {
+  const unitsOf = new Map<string, string[]>(nodes.map((node) => [node, []]));
+  for (const name of [...allotment.placed.keys()].sort()) {
+    for (const node of allotment.placed.get(name) ?? []) unitsOf.get(node)?.push(name);
   }
-  return {
-    items: [...byId.values()].map(({ item }) => item),
-    units: units.map((unit) => unit.name),
-    conflicts,
+  const byName = new Map(plan.units.map((unit) => [unit.name, unit]));
+  const itemsOfUnit = new Map<string, Array<{ item: DeclaredItem; text: string }>>();
+  const itemsOf = (name: string) => {
+    let items = itemsOfUnit.get(name);
+    if (items === undefined) {
+      items = itemsOfContents(byName.get(name)).map((item) => ({ item, text: JSON.stringify(item) }));
+      itemsOfUnit.set(name, items);
+    }
+    return items;
   };
+  const shared = new Map<
+    string,
+    Omit<Composition, "conflicts"> & { conflicts: Omit<ItemConflict, "node">[] }
+  >();
+  const compositions = new Map<string, Composition>();
+  for (const node of nodes) {
+    const units = unitsOf.get(node) ?? [];
+    const key = units.join("\n");
+    let composed = shared.get(key);
+    if (composed === undefined) {
+      const byId = new Map<string, { item: DeclaredItem; unit: string; text: string }>();
+      const conflicts: Omit<ItemConflict, "node">[] = [];
+      for (const unit of units) {
+        for (const { item, text } of itemsOf(unit)) {
+          const earlier = byId.get(item.id);
+          if (earlier === undefined) byId.set(item.id, { item, unit, text });
+          else if (earlier.text !== text) conflicts.push({ id: item.id, units: [earlier.unit, unit] });
+        }
+      }
+      const items = [...byId.values()].map(({ item }) => item);
+      composed = { units, items, digest: itemsDigest(items), conflicts };
+      shared.set(key, composed);
+    }
+    compositions.set(node, {
+      units: composed.units,
+      items: composed.items,
+      digest: composed.digest,
+      conflicts: composed.conflicts.map((conflict) => ({ node, ...conflict })),
+    });
+  }
+  return compositions;
+}
+
+/** What one node should hold: `composeFleet` for that node alone (what `mesh plan render` prints). */
+export function composeFor(plan: Plan, allotment: Allotment, node: string): Composition {
+  const composition = composeFleet(plan, allotment, [node]).get(node);
+  if (composition === undefined) throw new MeshError("internal", `${node} was not composed`);
+  return composition;
+}
+
+/**
+ * A unit's items, by kind. Every kind a unit can hold is listed here once; compose, digest and send carry the items
+ * without looking inside them.
+ */
+function itemsOfContents(contents: UnitContents | undefined): DeclaredItem[] {
+  if (contents === undefined) return [];
+  return [...fileItemsOf(contents.files)];
 }

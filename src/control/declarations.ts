@@ -3,29 +3,17 @@
  * to the node's own queue. A node that was away gets the latest one again when it says it holds an older one.
  */
 import { parse as parseYaml } from "yaml";
-import { z } from "zod";
 import type { ControlBus } from "../bus/index.js";
 import { MeshError, UsageError } from "../errors.js";
 import type { SigningIdentity } from "../keys/index.js";
 import { sealDeclaration } from "../keys/index.js";
-import { checkDeclaredFiles, encodeMessage, itemsDigest } from "../link/index.js";
+import type { DeclaredItem, UnitContents } from "../link/index.js";
+import { checkDeclaredFiles, encodeMessage, unitContentsSchema } from "../link/index.js";
 import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
 
-const declaredFileSchema = z.strictObject({
-  path: z.string().startsWith("/", { error: "must be an absolute path" }),
-  content: z.string(),
-  mode: z
-    .string()
-    .regex(/^[0-7]{3,4}$/, { error: 'must be an octal mode such as "0644"' })
-    .optional(),
-});
-const declarationFileSchema = z.strictObject({ files: z.array(declaredFileSchema) });
-
-export type DeclaredFile = z.infer<typeof declaredFileSchema>;
-
-/** Reads what an operator declares for a node: YAML or JSON `{files: [{path, content, mode?}]}`. */
-export function parseDeclarationFile(text: string, fileName: string): DeclaredFile[] {
+/** Reads what an operator declares for nodes (`mesh declare -f FILE`): YAML or JSON, a unit's contents. */
+export function parseDeclarationFile(text: string, fileName: string): UnitContents {
   let value: unknown;
   try {
     value = parseYaml(text);
@@ -34,14 +22,14 @@ export function parseDeclarationFile(text: string, fileName: string): DeclaredFi
       cause: error,
     });
   }
-  const parsed = declarationFileSchema.safeParse(value);
+  const parsed = unitContentsSchema.safeParse(value);
   if (!parsed.success) {
     const issue = parsed.error.issues[0];
     throw new UsageError(`${fileName}: ${issue?.path.join(".") ?? ""}: ${issue?.message ?? "invalid"}`);
   }
   // Checked against the wire contract here, before any sequence is allocated: a refused item writes nothing.
   checkDeclaredFiles(parsed.data.files, fileName);
-  return parsed.data.files;
+  return parsed.data;
 }
 
 export interface DeclareContext {
@@ -63,36 +51,33 @@ export interface SentDeclaration {
   digest: string;
 }
 
-export async function declare(
-  context: DeclareContext,
-  node: string,
-  files: readonly DeclaredFile[],
-  epoch: number,
-): Promise<SentDeclaration> {
-  const [sent] = await declareMany(context, [node], files, epoch);
-  if (sent === undefined) throw new MeshError("internal", `nothing was declared for ${node}`);
-  return sent;
-}
-
 /** How many declarations are signed, recorded and sent together: the first nodes hear while the rest are signed. */
 export const declarationChunk = 250;
 
+/** What one node is to be sent: its composition (`composeFleet`). */
+export interface Composed {
+  node: string;
+  items: readonly DeclaredItem[];
+  digest: string;
+  units: readonly string[];
+}
+
 /**
- * Declares the same files to many nodes at once. Every node is checked first (an unknown or retired one refuses
- * the whole batch, so nothing is started) and every sequence is allocated in one transaction; then the nodes are
- * taken a chunk at a time: each envelope signed over its own bytes, the chunk recorded, sent with one wait for the
- * broker, and its sending put in the audit trail. Recorded before sent, so a node that missed its declaration gets
- * it again when its alive says it holds an older one. Should a chunk fail, the error says how many nodes the
- * declaration reached before it.
+ * Sends each node its composed declaration. Every node is checked first (an unknown or retired one refuses the
+ * whole batch, so nothing is started) and every sequence is allocated in one transaction; then the nodes are taken
+ * a chunk at a time: each envelope signed over its own bytes, the chunk recorded, sent with one wait for the broker,
+ * and its sending put in the audit trail. Recorded before sent, so a node that missed its declaration gets it again
+ * when its alive says it holds an older one. Should a chunk fail, the error says how many nodes the declaration
+ * reached before it.
  */
-export async function declareMany(
+export async function sendDeclarations(
   context: DeclareContext,
-  nodes: readonly string[],
-  files: readonly DeclaredFile[],
+  targets: readonly Composed[],
   epoch: number,
 ): Promise<SentDeclaration[]> {
   const { store } = context;
-  const names = [...new Set(nodes)];
+  const byNode = new Map(targets.map((target) => [target.node, target]));
+  const names = [...byNode.keys()];
   const standings = await store.nodes.standings(names);
   const unknown = names.filter((name) => !standings.has(name));
   if (unknown.length > 0) throw new MeshError("node_unknown", `no node named ${unknown.join(", ")}`);
@@ -103,19 +88,13 @@ export async function declareMany(
       retired.length === 1 ? `node ${retired.join("")} is retired` : `retired: ${retired.join(", ")}`,
     );
   }
-  const items = files.map((file) => ({
-    id: `file:${file.path}`,
-    type: "file" as const,
-    path: file.path,
-    content: file.content,
-    ...(file.mode === undefined ? {} : { mode: file.mode }),
-  }));
-  const digest = itemsDigest(items);
   const sequences = await store.nodes.nextDeclarationSequences(names);
   const issuedAt = context.now().toISOString();
   const compose = (node: string) => {
     const sequence = sequences.get(node);
-    if (sequence === undefined) throw new MeshError("internal", `no sequence was allocated for ${node}`);
+    const target = byNode.get(node);
+    if (sequence === undefined || target === undefined)
+      throw new MeshError("internal", `no sequence was allocated for ${node}`);
     // Checked as it is encoded; the signature covers these bytes exactly, and the node verifies them before it
     // parses anything.
     const bytes = encodeMessage({
@@ -124,13 +103,13 @@ export async function declareMany(
       epoch,
       sequence,
       issued_at: issuedAt,
-      items,
-      digest,
+      items: [...target.items],
+      digest: target.digest,
     });
     const envelope = encodeMessage(
       sealDeclaration(bytes, context.signing.privateKey, context.signing.fingerprint),
     );
-    return { node, sequence, envelope };
+    return { node, sequence, envelope, target };
   };
   const sent: SentDeclaration[] = [];
   /** The chunk recorded but not yet sent: its nodes get it when their alives say they hold an older one. */
@@ -145,26 +124,28 @@ export async function declareMany(
       }
       const composed = names.slice(start, start + declarationChunk).map(compose);
       await store.declarations.recordMany(
-        composed.map(({ node, sequence, envelope }) => ({
+        composed.map(({ node, sequence, envelope, target }) => ({
           node,
           sequence,
           epoch,
           issuedAt,
-          digest,
+          digest: target.digest,
           envelope: new TextDecoder().decode(envelope),
+          units: target.units,
         })),
       );
       recorded = composed.map(({ node }) => node);
       await context.bus.publishDeclarations(composed.map(({ node, envelope }) => ({ node, envelope })));
       recorded = [];
-      for (const { node, sequence } of composed) sent.push({ node, sequence, epoch, digest });
+      for (const { node, sequence, target } of composed)
+        sent.push({ node, sequence, epoch, digest: target.digest });
       await store.events.recordMany(
-        composed.map(({ node, sequence }) => ({
+        composed.map(({ node, sequence, target }) => ({
           at: issuedAt,
           kind: "declaration.sent",
           node,
           epoch,
-          detail: { sequence, digest, items: items.length },
+          detail: { sequence, digest: target.digest, items: target.items.length },
         })),
       );
     }

@@ -15,6 +15,7 @@ import { Hearing } from "./hearing.js";
 import { Ingest } from "./ingest.js";
 import { LivenessWatch } from "./liveness-watch.js";
 import { Periodic } from "./periodic.js";
+import { PlanWatch } from "./plan-watch.js";
 import { RefusalLedger } from "./refusals.js";
 import { applyRetention } from "./retention.js";
 import { RevocationSync } from "./revocation-sync.js";
@@ -30,6 +31,8 @@ export interface DutiesSettings {
   now: () => Date;
   /** Whether this control plane may act now (the lease's gate). */
   gate: () => boolean;
+  /** The epoch it acts under (none while it acts without one: then nothing is signed). */
+  epoch: () => number | undefined;
   metrics: Pick<ControlMetrics, "handled" | "handedBack">;
 }
 
@@ -40,6 +43,7 @@ export class Duties {
   private readonly ingest: Ingest;
   private readonly watch: LivenessWatch;
   private readonly periodic: Periodic;
+  private readonly plans: PlanWatch;
   /** Whether this control plane hears the broker and can write the store. */
   readonly hearing: Hearing;
   private stopping = false;
@@ -47,7 +51,7 @@ export class Duties {
   consuming: Promise<void> | undefined;
 
   constructor(private readonly settings: DutiesSettings) {
-    const { options, periods, store, side, signing, log, now, gate } = settings;
+    const { options, periods, store, side, signing, log, now, gate, epoch } = settings;
     const { identities } = side;
     /** Refusals of what nodes send, told at most once a minute per node and kind, by enrolment and ingest alike. */
     const refusals = new RefusalLedger(log);
@@ -99,6 +103,22 @@ export class Duties {
     });
     this.watch = new LivenessWatch(store, log, options.outOfTouchAfterMs, now, () => this.hearing.hears);
     this.periodic = new Periodic(log, () => this.hearing.storeDown);
+    this.plans = new PlanWatch({
+      context: {
+        store,
+        signing,
+        bus: side.bus,
+        now,
+        gate: () => Promise.resolve(gate()),
+        outOfTouchAfterMs: options.outOfTouchAfterMs,
+      },
+      store,
+      log,
+      epoch,
+      gate: () => gate() && !this.hearing.storeDown,
+      everyMs: periods.planEveryMs,
+      awayEveryMs: periods.livenessEveryMs,
+    });
   }
 
   /** Starts every duty; a stop may come at any await, and nothing more is started after it. */
@@ -129,6 +149,8 @@ export class Duties {
       metrics.handled(batch.length);
       return outcomes;
     });
+    // After the consumer: a roll-out's reports are heard as they come.
+    this.plans.start();
   }
 
   /** Stops the timers and the work waiting on them, before the lease is given back. */
@@ -136,6 +158,7 @@ export class Duties {
     this.stopping = true;
     this.hearing.stop();
     this.periodic.stop();
+    await this.plans.stop();
     await this.tokenSweep.stop();
     await this.revocations.stop();
   }

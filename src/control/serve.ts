@@ -73,7 +73,18 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
     throw error;
   });
 
-  const duties = new Duties({ options, periods, store, side, signing, log, now, gate, metrics });
+  const duties = new Duties({
+    options,
+    periods,
+    store,
+    side,
+    signing,
+    log,
+    now,
+    gate,
+    epoch: () => standing.epoch,
+    metrics,
+  });
 
   let stopping = false;
   let markServing: () => void = () => undefined;

@@ -10,6 +10,7 @@ import { ContractError, decodeToken, encodeMessage, parseEnrolReply } from "../l
 import type { HostIdentity, StateStorage } from "./state.js";
 import { HostState } from "./state.js";
 import { machineProfile } from "./profile.js";
+import type { MachineProfile } from "./profile.js";
 import { meshVersion } from "../program/version.js";
 
 /** Where the node's own broker user seed is kept in the state dir. */
@@ -22,6 +23,8 @@ export interface JoinRequest {
   timeoutMs: number;
   /** Where the state dir's files are kept (default: on disk). */
   storage?: StateStorage;
+  /** Facts a simulated node claims instead of this machine's own (the lab's `--profiles`). */
+  simulated?: Partial<Pick<MachineProfile, "cpu" | "memory_mb" | "drivers">>;
 }
 
 export async function join(request: JoinRequest): Promise<HostIdentity> {
@@ -64,7 +67,7 @@ export async function join(request: JoinRequest): Promise<HostIdentity> {
       overlay: keys.overlayPublicKey,
       broker_user: brokerUser.publicKey,
     },
-    profile: machineProfile(request.labels),
+    profile: { ...machineProfile(request.labels), ...request.simulated },
     agent_version: meshVersion(),
     sent_at: new Date().toISOString(),
   });

@@ -23,6 +23,8 @@ import type { Store } from "../store/index.js";
 import { MemoryApplier } from "./memory-applier.js";
 import type { LabOptions } from "./options.js";
 import { labNodeName } from "./options.js";
+import type { LabJoinProfile, ProfileSet } from "./profiles.js";
+import { labJoinProfiles } from "./profiles.js";
 
 export interface LabSettings extends LabOptions {
   /** The control plane's data dir: a shared connection's identity is minted with its account key. */
@@ -30,6 +32,8 @@ export interface LabSettings extends LabOptions {
   log: Logger;
   /** Files and state on disk under `<root>/<node>/` instead of in memory. */
   root?: string;
+  /** The profile sets the nodes join with, assigned in node order (default: the lab's label on this machine's facts). */
+  profiles?: readonly ProfileSet[];
   /** Told what each node's agent does, as it does it. */
   onEvent?: (node: string, event: AgentEvent) => void;
 }
@@ -63,6 +67,7 @@ interface LabNode {
   name: string;
   stateDir: string;
   storage: StateStorage;
+  profile: LabJoinProfile;
   agent?: Agent;
 }
 
@@ -81,13 +86,17 @@ export class Lab {
       labNodeName(settings.prefix, i + 1, settings.nodes),
     );
     const root = settings.root;
-    for (const name of this.names) {
+    const profiles = labJoinProfiles(settings.profiles, this.names.length);
+    this.names.forEach((name, i) => {
+      const profile = profiles[i];
+      if (profile === undefined) throw new Error(`${name} has no profile`);
       this.nodes.set(name, {
         name,
         stateDir: root !== undefined ? joinPath(root, name, "state") : `/lab/${name}`,
         storage: root !== undefined ? diskStorage : memoryStorage(),
+        profile,
       });
-    }
+    });
   }
 
   /** One token per node, issued exactly as `mesh token issue` issues it. Returns node → token string. */
@@ -115,7 +124,8 @@ export class Lab {
         await join({
           token,
           stateDir: labNode.stateDir,
-          labels: { lab: "true" },
+          labels: labNode.profile.labels,
+          simulated: labNode.profile.simulated,
           timeoutMs: this.settings.joinTimeoutMs,
           storage: labNode.storage,
         });

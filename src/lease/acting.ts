@@ -30,6 +30,11 @@ export interface Acting<Epoch extends number | undefined = number | undefined> {
   epoch: Epoch;
   /** Whether the command may still act: its own lease still renewed, or the holder's lease still at `epoch`. */
   stillActing: () => Promise<boolean>;
+  /**
+   * Whether the command acts under a lease of its own: nobody else acts, so what the acting control plane would do
+   * after the command's write (send a plan) is the command's to do.
+   */
+  own: boolean;
 }
 
 export type WithoutLease = "refuse" | "act";
@@ -67,7 +72,7 @@ export async function underLease<T, W extends WithoutLease>(
     }
     access.log.warn("lease.acting_without_epoch", { reason });
     // Reached only under the "act" policy, whose work takes an Acting without an epoch.
-    return work({ epoch: undefined, stillActing: () => Promise.resolve(true) } as ActingUnder<W>);
+    return work({ epoch: undefined, stillActing: () => Promise.resolve(true), own: false } as ActingUnder<W>);
   };
   if ("unreachable" in access) return unheld(access.unreachable);
   const { backend } = access;
@@ -90,7 +95,7 @@ export async function underLease<T, W extends WithoutLease>(
       const now = await backend.read();
       return now !== undefined && epochOf(now) === epoch;
     };
-    return work({ epoch, stillActing });
+    return work({ epoch, stillActing, own: false });
   }
 
   const own = new LeaseHolder({
@@ -112,7 +117,7 @@ export async function underLease<T, W extends WithoutLease>(
   }
   const epoch = own.epoch;
   try {
-    return await work({ epoch, stillActing: () => Promise.resolve(own.canAct()) });
+    return await work({ epoch, stillActing: () => Promise.resolve(own.canAct()), own: true });
   } finally {
     await own.release();
   }

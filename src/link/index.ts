@@ -109,5 +109,12 @@ export { checkDeclaredFiles, fileItemsOf } from "./declaration-file.js";
 export type { DeclaredFileInput } from "./declaration-file.js";
 export { holderRecordSchema, parseHolderRecord } from "./lease-record.js";
 export type { HolderRecord } from "./lease-record.js";
-export { planSchema, resourcesSchema, selectorSchema, unitSchema } from "./plan.js";
-export type { Plan, PlanUnit, Resources, Selector } from "./plan.js";
+export {
+  durationText,
+  planSchema,
+  resourcesSchema,
+  selectorSchema,
+  unitContentsSchema,
+  unitSchema,
+} from "./plan.js";
+export type { Plan, PlanUnit, Resources, Selector, UnitContents } from "./plan.js";

@@ -7,9 +7,12 @@
 import { z } from "zod";
 import { labelKey, nodeName, word } from "./messages.js";
 
-/** A unit's name: what conditions, `plan show` and `node show` call it. */
-const unitName = z.string().regex(/^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/, {
-  error: "expected a unit name: 1–63 of a-z, 0-9 and '-', not starting or ending with '-'",
+/**
+ * A unit's name: what conditions, `plan show` and `node show` call it. Up to 67 characters, so `pin-` and any node
+ * name fit (the units `mesh declare` keeps).
+ */
+const unitName = z.string().regex(/^[a-z0-9](?:[a-z0-9-]{0,65}[a-z0-9])?$/, {
+  error: "expected a unit name: 1–67 of a-z, 0-9 and '-', not starting or ending with '-'",
 });
 
 /** Which nodes a unit may go to; every condition given must hold (an empty selector matches every node). */
@@ -34,12 +37,24 @@ export const resourcesSchema = z.strictObject({
   memory_mb: z.int().min(1).optional(),
 });
 
-/** A file as an operator writes it in a plan or a declaration. */
+/** A file as an operator writes it in a plan or a declaration (the wire's own checks follow, per unit). */
 export const plannedFileSchema = z.strictObject({
-  path: z.string().min(1),
+  path: z.string().startsWith("/", { error: "must be an absolute path" }),
   content: z.string(),
-  mode: z.string().optional(),
+  mode: z
+    .string()
+    .regex(/^[0-7]{3,4}$/, { error: 'must be an octal mode such as "0644"' })
+    .optional(),
 });
+
+/**
+ * What a unit holds, and all that `mesh declare -f FILE` takes: the items by kind. A new kind is a new field here
+ * and in the wire's declaration; allot, compose and send carry it without knowing it.
+ */
+export const unitContentsShape = {
+  files: z.array(plannedFileSchema).default([]),
+};
+export const unitContentsSchema = z.strictObject(unitContentsShape);
 
 export const durationText = z.string().regex(/^\d+(ms|s|m|h|d)$/, {
   error: 'expected a duration such as "90s", "10m" or "2h"',
@@ -53,7 +68,7 @@ export const unitSchema = z
     resources: resourcesSchema.optional(),
     /** How long a placed node may be out of touch before the placement moves (absent: never). */
     move_after: durationText.optional(),
-    files: z.array(plannedFileSchema).default([]),
+    ...unitContentsShape,
   })
   .superRefine((unit, context) => {
     if (unit.move_after !== undefined && unit.count === undefined) {
@@ -90,3 +105,4 @@ export type Plan = z.infer<typeof planSchema>;
 export type PlanUnit = Plan["units"][number];
 export type Selector = z.infer<typeof selectorSchema>;
 export type Resources = z.infer<typeof resourcesSchema>;
+export type UnitContents = z.infer<typeof unitContentsSchema>;

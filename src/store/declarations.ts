@@ -1,6 +1,7 @@
 /** Declarations as sent: the latest per node and a bounded history behind it. */
-import type { Kysely } from "kysely";
+import type { Kysely, Selectable } from "kysely";
 import type { Database, DeclarationTable } from "./schema.js";
+import { MeshError } from "../errors.js";
 import { StatementTexts } from "./statements.js";
 import { inTransaction, slices } from "./transaction.js";
 
@@ -11,6 +12,16 @@ export interface DeclarationRecord {
   issuedAt: string;
   digest: string;
   envelope: string;
+  /** The plan's units it was composed from, by name (none for a declaration from before plans). */
+  units?: readonly string[];
+}
+
+/** What a node was last sent, without the envelope: what compose compares with and `node list` shows. */
+export interface LatestSent {
+  sequence: number;
+  epoch: number;
+  digest: string;
+  units: string[];
 }
 
 export class DeclarationQueries {
@@ -37,6 +48,7 @@ export class DeclarationQueries {
           issued_at: declaration.issuedAt,
           digest: declaration.digest,
           envelope: declaration.envelope,
+          units: JSON.stringify(declaration.units ?? []),
         }));
         await this.statements.run(
           trx,
@@ -155,6 +167,39 @@ export class DeclarationQueries {
     return found;
   }
 
+  /**
+   * What each node was last sent (all nodes when `nodes` is not given); nodes never declared to are absent. One
+   * statement for the whole fleet, so a control plane compares every node's composition with a single read.
+   */
+  async latestSent(nodes?: readonly string[]): Promise<Map<string, LatestSent>> {
+    const found = new Map<string, LatestSent>();
+    const query = (slice?: readonly string[]) => {
+      let select = this.db
+        .selectFrom("declarations as d")
+        .select(["d.node", "d.epoch", "d.sequence", "d.digest", "d.units"])
+        .where("d.sequence", "=", (eb) =>
+          eb
+            .selectFrom("declarations as newest")
+            .select((inner) => inner.fn.max("newest.sequence").as("sequence"))
+            .whereRef("newest.node", "=", "d.node"),
+        );
+      if (slice !== undefined) select = select.where("d.node", "in", slice);
+      return select.execute();
+    };
+    const batches = nodes === undefined ? [undefined] : slices([...new Set(nodes)]);
+    for (const slice of batches) {
+      for (const row of await query(slice)) {
+        found.set(row.node, {
+          sequence: row.sequence,
+          epoch: row.epoch,
+          digest: row.digest,
+          units: unitsOf(row.units),
+        });
+      }
+    }
+    return found;
+  }
+
   /** The (epoch, sequence) of each of these nodes' latest declaration; nodes never declared to are absent. */
   async latestOrders(nodes: readonly string[]): Promise<Map<string, { epoch: number; sequence: number }>> {
     const orders = new Map<string, { epoch: number; sequence: number }>();
@@ -186,7 +231,7 @@ export function digestKey(node: string, digest: string): string {
   return `${node}\n${digest}`;
 }
 
-function toRecord(row: DeclarationTable): DeclarationRecord {
+function toRecord(row: Selectable<DeclarationTable>): DeclarationRecord {
   return {
     node: row.node,
     sequence: row.sequence,
@@ -194,5 +239,18 @@ function toRecord(row: DeclarationTable): DeclarationRecord {
     issuedAt: row.issued_at,
     digest: row.digest,
     envelope: row.envelope,
+    units: unitsOf(row.units),
   };
+}
+
+/** The units column as written by `recordMany`: a JSON list of names. */
+function unitsOf(text: string): string[] {
+  const value: unknown = JSON.parse(text);
+  if (!Array.isArray(value) || !value.every((one) => typeof one === "string")) {
+    throw new MeshError(
+      "internal",
+      `a declaration's units column holds ${text.slice(0, 80)}, not a list of names`,
+    );
+  }
+  return value;
 }

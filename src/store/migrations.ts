@@ -242,6 +242,40 @@ const plans: NumberedMigration = () => ({
   },
 });
 
+/**
+ * What allot could not place, kept with the epoch that found it; which plan revision the control plane has sent;
+ * and, with every declaration, the units it was composed from (what `node list` shows a node holds).
+ */
+const planRollout: NumberedMigration = () => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema
+      .createTable("plan_conditions")
+      .addColumn("unit", "text", (c) => c.primaryKey())
+      .addColumn("wanted", "text", (c) => c.notNull())
+      .addColumn("placed", "integer", (c) => c.notNull())
+      .addColumn("reason", "text", (c) => c.notNull())
+      .addColumn("epoch", "integer", (c) => c.notNull())
+      .addColumn("since", "text", (c) => c.notNull())
+      .execute();
+    await db.schema
+      .createTable("plan_sent")
+      .addColumn("name", "text", (c) => c.primaryKey())
+      .addColumn("revision", "integer", (c) => c.notNull())
+      .addColumn("epoch", "integer", (c) => c.notNull())
+      .addColumn("sent_at", "text", (c) => c.notNull())
+      .execute();
+    await db.schema
+      .alterTable("declarations")
+      .addColumn("units", "text", (c) => c.notNull().defaultTo("[]"))
+      .execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema.alterTable("declarations").dropColumn("units").execute();
+    await db.schema.dropTable("plan_sent").execute();
+    await db.schema.dropTable("plan_conditions").execute();
+  },
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
@@ -253,6 +287,7 @@ const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0008_tokens_by_expiry", tokensByExpiry],
   ["0009_control_hearing", controlHearing],
   ["0010_plans", plans],
+  ["0011_plan_rollout", planRollout],
 ];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {

@@ -55,6 +55,32 @@ export class NodeQueries {
     return rows.map((row) => row.name);
   }
 
+  /**
+   * A mark that changes whenever a node enrols or is retired: how many are in each state and the latest of each
+   * change. A control plane compares it to see that the fleet changed, without reading the fleet.
+   */
+  async fleetMark(): Promise<string> {
+    const row = await this.db
+      .selectFrom("nodes")
+      .select((eb) => [
+        eb.fn.countAll<number>().as("nodes"),
+        eb.fn.max("enrolled_at").as("enrolled"),
+        eb.fn.max("retired_at").as("retired"),
+        eb.fn
+          .sum<number>(eb.case().when("state", "=", "enrolled").then(1).else(0).end())
+          .as("enrolled_count"),
+        eb.fn.sum<number>(eb.case().when("state", "=", "retired").then(1).else(0).end()).as("retired_count"),
+      ])
+      .executeTakeFirst();
+    return JSON.stringify([
+      Number(row?.nodes ?? 0),
+      Number(row?.enrolled_count ?? 0),
+      Number(row?.retired_count ?? 0),
+      row?.enrolled ?? null,
+      row?.retired ?? null,
+    ]);
+  }
+
   /** The retired nodes, in name order, with the broker identity each held and when it was retired. */
   async retired(): Promise<Array<{ name: string; brokerUser: string | null; retiredAt: string | null }>> {
     const rows = await this.db

@@ -27,6 +27,23 @@ export interface PlanWrite {
   epoch: number;
 }
 
+/** A unit allot could not place as asked, as kept. */
+export interface StoredCondition {
+  unit: string;
+  wanted: number | "every";
+  placed: number;
+  reason: string;
+  epoch: number;
+  since: string;
+}
+
+/** Which plan revision the control plane has composed and sent, and under which epoch. */
+export interface PlanSent {
+  revision: number;
+  epoch: number;
+  sentAt: string;
+}
+
 export class PlanQueries {
   constructor(private readonly db: Kysely<Database>) {}
 
@@ -45,11 +62,7 @@ export class PlanQueries {
             sql<string>`cast(${write.by} as text)`.as("written_by"),
             sql<number>`cast(${write.epoch} as integer)`.as("epoch"),
           ])
-          .where(
-            sql<number>`cast(${write.epoch} as integer)`,
-            ">=",
-            eb.selectFrom("controller_epoch").select(sql<number>`coalesce(max(epoch), 0)`.as("floor")),
-          )
+          .where(sql<number>`cast(${write.epoch} as integer)`, ">=", floorQuery(this.db))
           .where(
             sql<number>`cast(${write.expected} as integer)`,
             "=",
@@ -59,21 +72,113 @@ export class PlanQueries {
       .onConflict((oc) => oc.column("revision").doNothing())
       .executeTakeFirst();
     if (Number(result.numInsertedOrUpdatedRows ?? 0) === 1) return revision;
-    const floor = Number(
-      (
-        await this.db
-          .selectFrom("controller_epoch")
-          .select(sql<number>`coalesce(max(epoch), 0)`.as("floor"))
-          .executeTakeFirst()
-      )?.floor ?? 0,
-    );
-    if (write.epoch < floor) {
-      throw new MeshError(
-        "fenced",
-        `the plan was not written: epoch ${write.epoch} is below the floor ${floor} (another controller took the lease)`,
-      );
-    }
+    const floor = await floorOf(this.db);
+    if (write.epoch < floor) throw belowFloor("the plan was not written", write.epoch, floor);
     throw new MeshError("plan_changed", `plan changed since revision ${write.expected}`);
+  }
+
+  /** The newest revision's number (0: no plan yet): what a control plane looks at to see that the plan changed. */
+  async newest(): Promise<number> {
+    const row = await this.db
+      .selectFrom("plans")
+      .select(sql<number>`coalesce(max(revision), 0)`.as("newest"))
+      .executeTakeFirst();
+    return Number(row?.newest ?? 0);
+  }
+
+  /**
+   * Replaces the conditions with what allot found now, under `epoch`; a condition that lasts keeps its `since`.
+   * Refused (`fenced`) below the floor, checked by each writing statement, so a controller that lost its lease
+   * never writes what it found.
+   */
+  async writeConditions(
+    conditions: ReadonlyArray<Omit<StoredCondition, "epoch" | "since">>,
+    epoch: number,
+    at: string,
+  ): Promise<void> {
+    await this.db.transaction().execute(async (trx) => {
+      const floor = await floorOf(trx);
+      if (epoch < floor) throw belowFloor("the plan's conditions were not written", epoch, floor);
+      const before = new Map(
+        (await trx.selectFrom("plan_conditions").select(["unit", "since"]).execute()).map((row) => [
+          row.unit,
+          row.since,
+        ]),
+      );
+      await trx
+        .deleteFrom("plan_conditions")
+        .where(sql<number>`cast(${epoch} as integer)`, ">=", floorQuery(trx))
+        .execute();
+      for (const condition of conditions) {
+        await trx
+          .insertInto("plan_conditions")
+          .columns(["unit", "wanted", "placed", "reason", "epoch", "since"])
+          .expression(
+            trx
+              .selectNoFrom([
+                sql<string>`cast(${condition.unit} as text)`.as("unit"),
+                sql<string>`cast(${String(condition.wanted)} as text)`.as("wanted"),
+                sql<number>`cast(${condition.placed} as integer)`.as("placed"),
+                sql<string>`cast(${condition.reason} as text)`.as("reason"),
+                sql<number>`cast(${epoch} as integer)`.as("epoch"),
+                sql<string>`cast(${before.get(condition.unit) ?? at} as text)`.as("since"),
+              ])
+              .where(sql<number>`cast(${epoch} as integer)`, ">=", floorQuery(trx)),
+          )
+          .execute();
+      }
+    });
+  }
+
+  async conditions(): Promise<StoredCondition[]> {
+    const rows = await this.db.selectFrom("plan_conditions").selectAll().orderBy("unit").execute();
+    return rows.map((row) => ({
+      unit: row.unit,
+      wanted: row.wanted === "every" ? "every" : Number(row.wanted),
+      placed: Number(row.placed),
+      reason: row.reason,
+      epoch: Number(row.epoch),
+      since: row.since,
+    }));
+  }
+
+  /** Records that `revision` has been composed and sent under `epoch`; refused (`fenced`) below the floor. */
+  async markSent(revision: number, epoch: number, at: string): Promise<void> {
+    const result = await this.db
+      .insertInto("plan_sent")
+      .columns(["name", "revision", "epoch", "sent_at"])
+      .expression(
+        this.db
+          .selectNoFrom([
+            sql<string>`cast('plan' as text)`.as("name"),
+            sql<number>`cast(${revision} as integer)`.as("revision"),
+            sql<number>`cast(${epoch} as integer)`.as("epoch"),
+            sql<string>`cast(${at} as text)`.as("sent_at"),
+          ])
+          .where(sql<number>`cast(${epoch} as integer)`, ">=", floorQuery(this.db)),
+      )
+      .onConflict((oc) =>
+        oc.column("name").doUpdateSet((eb) => ({
+          revision: eb.ref("excluded.revision"),
+          epoch: eb.ref("excluded.epoch"),
+          sent_at: eb.ref("excluded.sent_at"),
+        })),
+      )
+      .executeTakeFirst();
+    if (Number(result.numInsertedOrUpdatedRows ?? 0) === 1) return;
+    throw belowFloor(`revision ${revision} was not marked sent`, epoch, await floorOf(this.db));
+  }
+
+  /** The revision last composed and sent, or undefined when none ever was. */
+  async sent(): Promise<PlanSent | undefined> {
+    const row = await this.db
+      .selectFrom("plan_sent")
+      .selectAll()
+      .where("name", "=", "plan")
+      .executeTakeFirst();
+    return row === undefined
+      ? undefined
+      : { revision: Number(row.revision), epoch: Number(row.epoch), sentAt: row.sent_at };
   }
 
   /** The newest revision, or undefined when no plan was ever written. */
@@ -110,6 +215,22 @@ export class PlanQueries {
       epoch: Number(row.epoch),
     }));
   }
+}
+
+/** The epoch floor: the highest epoch any controller has taken. */
+function floorQuery(db: Pick<Kysely<Database>, "selectFrom">) {
+  return db.selectFrom("controller_epoch").select(sql<number>`coalesce(max(epoch), 0)`.as("floor"));
+}
+
+async function floorOf(db: Kysely<Database>): Promise<number> {
+  return Number((await floorQuery(db).executeTakeFirst())?.floor ?? 0);
+}
+
+function belowFloor(what: string, epoch: number, floor: number): MeshError {
+  return new MeshError(
+    "fenced",
+    `${what}: epoch ${epoch} is below the floor ${floor} (another controller took the lease)`,
+  );
 }
 
 function revisionOf(row: Database["plans"]): PlanRevision {

@@ -47,6 +47,8 @@ export interface DeclarationTable {
   digest: string;
   /** The signed envelope exactly as sent (JSON text). */
   envelope: string;
+  /** The plan's units it was composed from (a JSON list of names). */
+  units: Generated<string>;
 }
 
 export interface AccountTable {
@@ -128,8 +130,28 @@ export interface PlanTable {
   epoch: number;
 }
 
+export interface PlanConditionTable {
+  unit: string;
+  /** A count, or "every" for a unit on every match. */
+  wanted: string;
+  placed: number;
+  reason: string;
+  epoch: number;
+  /** When this condition was first found (kept while it lasts). */
+  since: string;
+}
+
+export interface PlanSentTable {
+  name: string;
+  revision: number;
+  epoch: number;
+  sent_at: string;
+}
+
 export interface Database {
   plans: PlanTable;
+  plan_conditions: PlanConditionTable;
+  plan_sent: PlanSentTable;
   control_hearing: ControlHearingTable;
   hearing_gaps: HearingGapTable;
   controller_no_epoch: ControllerNoEpochTable;

@@ -48,12 +48,14 @@ describe("mesh token and node commands", () => {
         liveness: "never_spoken",
         last_seen: null,
         out_of_touch_for_s: null,
+        units: [],
+        holding: "none",
       },
     ]);
     const nodeTable = await mesh(["--data", data, "node", "list"]);
     assert.equal(
       nodeTable.stdout,
-      "NAME   STATE    LIVENESS      LAST SEEN\nweb-1  invited  never spoken  -\n" +
+      "NAME   STATE    LIVENESS      LAST SEEN  HOLDING  UNITS\nweb-1  invited  never spoken  -          none     -\n" +
         "the control plane has not listened yet: liveness is judged by the clock alone\n",
     );
 
@@ -93,10 +95,10 @@ describe("mesh token and node commands", () => {
     const table = await mesh(["--data", fleet, "node", "list"]);
     assert.equal(table.code, 0, table.stderr);
     const lines = table.stdout.trimEnd().split("\n");
-    assert.match(lines[0] ?? "", /^NAME\s+STATE\s+LIVENESS\s+LAST SEEN$/);
+    assert.match(lines[0] ?? "", /^NAME\s+STATE\s+LIVENESS\s+LAST SEEN\s+HOLDING\s+UNITS$/);
     assert.match(lines[1] ?? "", /^alpha\s+invited\s+here\s+\d{4}-/);
     assert.match(lines[2] ?? "", /^bravo\s+invited\s+out of touch 4m\s+\d{4}-/);
-    assert.match(lines[3] ?? "", /^charlie\s+invited\s+never spoken\s+-$/);
+    assert.match(lines[3] ?? "", /^charlie\s+invited\s+never spoken\s+-\s+none\s+-$/);
 
     const askedAt = Date.now();
     const json = JSON.parse((await mesh(["--data", fleet, "node", "list", "--json"])).stdout) as Array<{

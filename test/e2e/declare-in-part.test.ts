@@ -1,5 +1,5 @@
 /**
- * `declareMany` sends a chunk at a time. When the broker goes away part-way, or the lease moves on, the error says
+ * `sendDeclarations` sends a chunk at a time. When the broker goes away part-way, or the lease moves on, the error says
  * how far the declaration got, and the store says the same: the chunks sent are in the audit trail, the chunk being
  * sent is recorded (its nodes get it when they next say they are behind), and nothing after it was recorded.
  */
@@ -8,8 +8,9 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { ControlBus } from "../../src/bus/index.js";
 import type { DeclareContext } from "../../src/control/declarations.js";
-import { declarationChunk, declareMany } from "../../src/control/declarations.js";
+import { declarationChunk, sendDeclarations } from "../../src/control/declarations.js";
 import { MeshError } from "../../src/errors.js";
+import { fileItemsOf, itemsDigest } from "../../src/link/index.js";
 import { loadOrCreateSigningKey } from "../../src/keys/index.js";
 import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
@@ -25,7 +26,8 @@ describe("declare — a fleet's declaration stopped part-way", () => {
     { length: 2 * declarationChunk + 100 },
     (_, i) => `n-${String(i).padStart(4, "0")}`,
   );
-  const files = [{ path: "/etc/fleet", content: "everyone\n" }];
+  const items = fileItemsOf([{ path: "/etc/fleet", content: "everyone\n" }]);
+  const targets = nodes.map((node) => ({ node, items, digest: itemsDigest(items), units: ["fleet"] }));
   const signing = () => loadOrCreateSigningKey(join(dir.path, "keys"));
 
   before(async () => {
@@ -44,7 +46,7 @@ describe("declare — a fleet's declaration stopped part-way", () => {
   }
 
   async function failureOf(context: DeclareContext): Promise<MeshError> {
-    const failure = await declareMany(context, nodes, files, 1).then(
+    const failure = await sendDeclarations(context, targets, 1).then(
       () => undefined,
       (error: unknown) => error,
     );

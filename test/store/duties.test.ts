@@ -90,6 +90,7 @@ describe("the acting control plane's duties", () => {
       log: createLogger({ level: "error" }),
       now: () => new Date(),
       gate: () => open,
+      epoch: () => 1,
       metrics,
     });
 

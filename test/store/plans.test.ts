@@ -64,5 +64,46 @@ for (const backend of storeBackends) {
         expected + 1,
       );
     });
+
+    test("store — conditions are replaced as a whole, keep their first sighting, and are refused below the floor", async () => {
+      await store.epochs.record(20, "holder-c", at(20));
+      const web = {
+        unit: "web",
+        wanted: 3,
+        placed: 2,
+        reason: "web: 3 wanted, 2 placed: only 2 nodes match",
+      };
+      await store.plans.writeConditions([web], 20, at(21));
+      await store.plans.writeConditions(
+        [web, { unit: "db", wanted: "every", placed: 0, reason: "db: no node matches" }],
+        20,
+        at(22),
+      );
+      assert.deepEqual(await store.plans.conditions(), [
+        { unit: "db", wanted: "every", placed: 0, reason: "db: no node matches", epoch: 20, since: at(22) },
+        { ...web, epoch: 20, since: at(21) },
+      ]);
+      await store.epochs.record(21, "holder-d", at(23));
+      await assert.rejects(
+        store.plans.writeConditions([], 20, at(24)),
+        refusedWith("fenced", /conditions were not written: epoch 20 is below the floor 21/),
+      );
+      assert.equal((await store.plans.conditions()).length, 2, "the stale holder cleared nothing");
+      await store.plans.writeConditions([], 21, at(25));
+      assert.deepEqual(await store.plans.conditions(), [], "cleared when resolved");
+    });
+
+    test("store — the revision sent is marked under the epoch, never below the floor", async () => {
+      await store.epochs.record(30, "holder-e", at(30));
+      await store.plans.markSent(4, 30, at(31));
+      assert.deepEqual(await store.plans.sent(), { revision: 4, epoch: 30, sentAt: at(31) });
+      await store.plans.markSent(5, 30, at(32));
+      assert.equal((await store.plans.sent())?.revision, 5);
+      await assert.rejects(
+        store.plans.markSent(6, 29, at(33)),
+        refusedWith("fenced", /revision 6 was not marked sent: epoch 29 is below the floor 30/),
+      );
+      assert.equal((await store.plans.sent())?.revision, 5);
+    });
   });
 }

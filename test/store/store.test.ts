@@ -340,6 +340,17 @@ for (const backend of storeBackends) {
         "order-a": { epoch: 3, sequence: 3 },
         "order-b": { epoch: 2, sequence: 1 },
       });
+      // What each was last sent, with the units it was composed from (none recorded: an empty list).
+      await store.declarations.recordMany([
+        { ...declaration("order-b", 2, "sha256:z", 4), units: ["motd", "web"] },
+      ]);
+      const sent = await store.declarations.latestSent(["order-a", "order-b", "order-none"]);
+      assert.deepEqual(Object.fromEntries(sent), {
+        "order-a": { epoch: 3, sequence: 3, digest: "sha256:x", units: [] },
+        "order-b": { epoch: 4, sequence: 2, digest: "sha256:z", units: ["motd", "web"] },
+      });
+      const everyone = await store.declarations.latestSent();
+      assert.deepEqual(everyone.get("order-b"), sent.get("order-b"), "the whole fleet in one read");
     });
 
     test("batches — counters added many at once sum per counter; a transaction commits all or nothing", async () => {

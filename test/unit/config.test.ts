@@ -53,6 +53,7 @@ test("config — defaults when nothing is set", () => {
       noEpochLogEveryMs: 60_000,
       hearingEveryMs: 1000,
       hearingAnswerWithinMs: 3000,
+      planEveryMs: 200,
     },
   });
 });

@@ -1,0 +1,131 @@
+/**
+ * The acting control plane keeps the fleet on the plan: it rolls the plan out once when it begins to act (sending
+ * nothing to a node whose composition it already sent, under whatever epoch), and again whenever the plan gets a
+ * new revision, a node enrols or is retired, or a node has been out of touch longer than a unit's `move_after`. It
+ * looks at cheap marks each period (the newest revision, the fleet's counts) and reads the whole fleet only when one
+ * moved, or, while some unit can move, once per liveness period.
+ */
+import { parseDuration } from "../config/duration.js";
+import type { Logger } from "../log.js";
+import { errorText } from "../log.js";
+import type { Store } from "../store/index.js";
+import type { RolloutContext } from "./plans.js";
+import { readFleet, readPlan, rollOut } from "./plans.js";
+
+export interface PlanWatchSettings {
+  context: RolloutContext;
+  store: Store;
+  log: Logger;
+  /** The epoch this control plane acts under; without one nothing can be signed, so nothing is rolled out. */
+  epoch: () => number | undefined;
+  gate: () => boolean;
+  /** How often the marks are looked at. */
+  everyMs: number;
+  /** How often, while a unit has `move_after`, the fleet's silences are read. */
+  awayEveryMs: number;
+}
+
+export class PlanWatch {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<void> | undefined;
+  private stopped = false;
+  /** What the last roll-out saw; undefined until one succeeded. */
+  private seen: { revision: number; fleet: string; moved: string } | undefined;
+  private wanted = true;
+  private movable: number[] = [];
+  private lastAwayCheck = 0;
+  private failing = false;
+
+  constructor(private readonly settings: PlanWatchSettings) {}
+
+  start(): void {
+    if (this.stopped) return;
+    this.timer = setInterval(() => this.tick(), this.settings.everyMs);
+    this.tick();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer !== undefined) clearInterval(this.timer);
+    await this.running;
+  }
+
+  private tick(): void {
+    if (this.running !== undefined || this.stopped) return;
+    this.running = this.look()
+      .then(
+        () => {
+          if (this.failing) this.settings.log.info("plan.rollout_again");
+          this.failing = false;
+        },
+        (error: unknown) => {
+          // Tried again at the next look; said once per run of failures.
+          this.wanted = true;
+          if (!this.failing) this.settings.log.error("plan.rollout_failed", { error: errorText(error) });
+          this.failing = true;
+        },
+      )
+      .finally(() => (this.running = undefined));
+  }
+
+  private async look(): Promise<void> {
+    const { store, context, gate, log } = this.settings;
+    const epoch = this.settings.epoch();
+    if (epoch === undefined || !gate()) return;
+    const revision = await store.plans.newest();
+    const fleet = await store.nodes.fleetMark();
+    const moved = await this.movedMark();
+    const seen = this.seen;
+    if (
+      !this.wanted &&
+      seen !== undefined &&
+      seen.revision === revision &&
+      seen.fleet === fleet &&
+      seen.moved === moved
+    )
+      return;
+    this.wanted = false;
+    const rollout = await rollOut(context, epoch);
+    this.seen = { revision: rollout.revision, fleet, moved };
+    this.movable = await this.moveAfters();
+    if (rollout.sent.length > 0 || seen?.revision !== rollout.revision) {
+      log.info("plan.rolled_out", {
+        revision: rollout.revision,
+        epoch,
+        sent: rollout.sent.length,
+        unchanged: rollout.unchanged,
+        conditions: rollout.conditions.length,
+      });
+    }
+  }
+
+  /** The `move_after` periods of the current plan's units, shortest first. */
+  private async moveAfters(): Promise<number[]> {
+    const { plan } = await readPlan(this.settings.store);
+    const periods = plan.units.flatMap((unit) =>
+      unit.move_after === undefined ? [] : [parseDuration(unit.move_after, "move_after")],
+    );
+    return [...new Set(periods)].sort((a, b) => a - b);
+  }
+
+  /**
+   * For each `move_after` of the plan, which nodes have been out of touch longer: a change moves placements. Read
+   * at most once per `awayEveryMs`, and not at all when no unit can move.
+   */
+  private async movedMark(): Promise<string> {
+    const previous = this.seen?.moved ?? "";
+    if (this.movable.length === 0) return "";
+    const now = this.settings.context.now();
+    if (now.getTime() - this.lastAwayCheck < this.settings.awayEveryMs) return previous;
+    this.lastAwayCheck = now.getTime();
+    const { away } = await readFleet(this.settings.store, now, this.settings.context.outOfTouchAfterMs);
+    return JSON.stringify(
+      this.movable.map((period) =>
+        [...away]
+          .filter(([, ms]) => ms >= period)
+          .map(([node]) => node)
+          .sort(),
+      ),
+    );
+  }
+}
