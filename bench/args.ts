@@ -1,7 +1,15 @@
 /** `npm run bench -- [--nodes 1000] [--only ingest,fanout,…] …`: the benchmark's flags, checked once. */
 import { parseArgs } from "node:util";
 
-export const benchParts = ["enrolment", "steady", "fanout", "convergence", "ingest", "failover"] as const;
+export const benchParts = [
+  "enrolment",
+  "steady",
+  "fanout",
+  "convergence",
+  "plan",
+  "ingest",
+  "failover",
+] as const;
 export type BenchPart = (typeof benchParts)[number];
 
 export interface BenchOptions {
@@ -19,6 +27,8 @@ export interface BenchOptions {
   /** How many join at once in the enrolment part (default: all of them). */
   joinConcurrency: number;
   failover: { trials: number; ttl: string; renew: string; margin: string; shortened: boolean };
+  /** How many nodes the plan part's in-process allot + compose is timed for (the mesh half uses `nodes`). */
+  planFleet: number;
   /** Run serve (and the fleet's `mesh declare --all`) under --cpu-prof, profiles kept under bench/results/profiles/. */
   profile: boolean;
 }
@@ -45,6 +55,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
         ttl: { type: "string" },
         renew: { type: "string" },
         margin: { type: "string" },
+        "plan-fleet": { type: "string", default: "10000" },
         profile: { type: "boolean", default: false },
       },
       strict: true,
@@ -89,6 +100,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       100_000,
     ),
     failover,
+    planFleet: whole(values["plan-fleet"], "--plan-fleet", 1, 1_000_000),
     profile: values.profile === true,
   };
 }

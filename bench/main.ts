@@ -2,9 +2,10 @@
  * `npm run bench`: the control plane's figures, each beside a baseline measured in the same run, in one table,
  * and the same figures as JSON under bench/results/.
  *
- *   npm run bench -- [--nodes 1000] [--broker nats|amqp] [--only enrolment,steady,fanout,convergence,ingest,failover]
+ *   npm run bench -- [--nodes 1000] [--broker nats|amqp]
+ *                    [--only enrolment,steady,fanout,convergence,plan,ingest,failover]
  *                    [--steady-window 60] [--alive-every 15] [--reports-per-node 19] [--join-concurrency N]
- *                    [--trials N --ttl 15s --renew 5s --margin 3s] [--profile]
+ *                    [--plan-fleet 10000] [--trials N --ttl 15s --renew 5s --margin 3s] [--profile]
  */
 import { execFileSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -21,7 +22,7 @@ import { encodeMessage } from "../src/link/index.js";
 import { createLogger } from "../src/log.js";
 import { openStore } from "../src/store/index.js";
 import type { BenchOptions } from "./args.js";
-import { BenchUsageError, parseBenchArgs } from "./args.js";
+import { benchParts, BenchUsageError, parseBenchArgs } from "./args.js";
 import { runFailover } from "./failover.js";
 import type { ServeProcess } from "./mesh.js";
 import type { RoundCpu } from "./mesh.js";
@@ -38,11 +39,14 @@ import {
 } from "./mesh.js";
 import type { BenchBroker, Drained } from "./broker.js";
 import { startBenchBroker, warmUpShare } from "./broker.js";
+import { outlookFigures, planMeshFigures } from "./plan-figures.js";
+import { benchPlanOnMesh } from "./plan-mesh.js";
+import { benchProfileSets, timeOutlook } from "./plan.js";
 import type { Figure } from "./table.js";
 import { formatFigureTable } from "./table.js";
+import { sleep, waitFor, waitForAsync } from "./wait.js";
 
 const say = (line: string) => process.stderr.write(`${line}\n`);
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 let options: BenchOptions;
 try {
@@ -57,8 +61,19 @@ const figures: Figure[] = [];
 /** The broker's name and version, once it runs. */
 let brokerVersion = "not started";
 const extra: Record<string, unknown> = {};
+/** What the plan part found unequal that must be equal: printed loudly, and the run exits 1. */
+const planMismatches: string[] = [];
 const has = (part: BenchOptions["parts"][number]) => options.parts.includes(part);
 const meshParts = options.parts.filter((part) => part !== "failover");
+
+if (has("plan")) {
+  // In this process before anything else runs, so its CPU is allot's and compose's alone.
+  const timing = timeOutlook(options.planFleet, 7);
+  const shown = outlookFigures(timing);
+  say(shown.line);
+  extra.plan_outlook = shown.json;
+  figures.push(...shown.figures);
+}
 
 /** Why the run stopped part-way, if it did: the figures measured before are still printed and written. */
 let failure: string | undefined;
@@ -102,6 +117,9 @@ if (has("failover")) {
   }
 }
 
+// In the table's order of parts, whenever each was measured.
+const partOrder = (part: string) => (benchParts as readonly string[]).indexOf(part);
+figures.sort((a, b) => partOrder(a.part) - partOrder(b.part));
 const table = formatFigureTable(figures);
 const result = {
   benchmark: "mesh",
@@ -140,6 +158,11 @@ if (failure !== undefined) {
   process.stderr.write(`bench: the run failed part-way: ${failure}\n`);
   process.exitCode = 1;
 }
+if (planMismatches.length > 0) {
+  process.stderr.write(`bench: plan: ${planMismatches.length} MISMATCH(ES):\n`);
+  for (const mismatch of planMismatches) process.stderr.write(`  ${mismatch}\n`);
+  process.exitCode = 1;
+}
 
 async function benchMesh(): Promise<void> {
   const N = options.nodes;
@@ -149,6 +172,8 @@ async function benchMesh(): Promise<void> {
   const broker = await startBenchBroker(options.broker, data, dir, N);
   brokerVersion = broker.version;
   let serve: ServeProcess = startServe(data, broker.url, profileDir);
+  /** The plan part's second control plane, until it has taken over from `serve`. */
+  let standby: ServeProcess | undefined;
   await serve.serving;
   const meshOptions = compileMeshOptions({ dataDir: data, flags: {}, env: {} });
   const store = await openStore(meshOptions.storeUrl, { historyLimit: meshOptions.historyLimit });
@@ -168,6 +193,8 @@ async function benchMesh(): Promise<void> {
     joinConcurrency: options.joinConcurrency,
     joinTimeoutMs: 300_000,
     dataDir: data,
+    // Varied profiles only when the plan part runs: the other parts' figures stay those of a uniform fleet.
+    ...(has("plan") ? { profiles: benchProfileSets() } : {}),
     log,
     onEvent: (node, event) => {
       if (event.kind === "applied") appliedNodes.add(node);
@@ -270,8 +297,15 @@ async function benchMesh(): Promise<void> {
       // included) to its exit; convergence is timed from the same start.
       // Baseline: the same command declaring to one node, so the process's own start is seen apart.
       const first = nodes[0] ?? "";
+      // A path of its own: `mesh declare <node>` keeps a pin for that node beside the fleet's, and the two may not
+      // declare one item differently (the rounds below change /etc/bench's content each time).
+      const oneFile = join(dir, "bench-declaration-one.json");
+      writeFileSync(
+        oneFile,
+        JSON.stringify({ files: [{ path: "/etc/bench-one", content: "declared by the benchmark\n" }] }),
+      );
       let startedAt = performance.now();
-      await runMesh(data, ["declare", first, "-f", declarationFile, "--json"]);
+      await runMesh(data, ["declare", first, "-f", oneFile, "--json"]);
       const oneMs = performance.now() - startedAt;
       await waitFor(() => converged.has(first), 60_000);
       converged.delete(first);
@@ -408,6 +442,34 @@ async function benchMesh(): Promise<void> {
       }
     }
 
+    if (has("plan")) {
+      const measured = await benchPlanOnMesh({
+        data,
+        dir,
+        store,
+        names: lab.names,
+        applied: appliedNodes,
+        converged,
+        serve,
+        startStandby: () => (standby = startServe(data, broker.url, profileDir)),
+        settleMs: options.aliveEveryMs + 2000,
+        say,
+      });
+      if (standby !== undefined) {
+        serve = standby;
+        standby = undefined;
+      }
+      planMismatches.push(...measured.mismatches);
+      const shown = planMeshFigures(measured, N);
+      extra.plan = shown.json;
+      figures.push(...shown.figures);
+      // The ingest backlog is sent as the nodes holding what they hold now.
+      for (const node of lab.names) {
+        const latest = await store.declarations.latest(node);
+        if (latest !== undefined) sent.set(node, latest);
+      }
+    }
+
     if (has("ingest")) {
       // The same backlog twice — one alive and R reports per node — drained once by a plain consumer of the same
       // client library, once by serve (parsed, checked, ordered, stored, receipted).
@@ -467,6 +529,7 @@ async function benchMesh(): Promise<void> {
   } finally {
     await lab.stop();
     await store.close();
+    await standby?.stop();
     await serve.stop();
     await broker.stop();
     rmSync(dir, { recursive: true, force: true });
@@ -553,26 +616,6 @@ async function handledBy(metricsAddress: string): Promise<number> {
   const match = /^mesh_control_messages_total (\d+)$/m.exec(text);
   if (match === null) throw new Error("serve's /metrics has no mesh_control_messages_total");
   return Number(match[1]);
-}
-
-async function waitFor(check: () => boolean, timeoutMs: number): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!check()) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms`);
-    await sleep(20);
-  }
-}
-
-async function waitForAsync(
-  check: () => Promise<boolean>,
-  timeoutMs: number,
-  everyMs: number,
-): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms`);
-    await sleep(everyMs);
-  }
 }
 
 async function mapLimit<T>(

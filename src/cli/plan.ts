@@ -8,7 +8,7 @@ import type { Command } from "commander";
 import { stringify as toYaml } from "yaml";
 import type { Composition } from "../control/allot.js";
 import type { FleetReading, Outlook, PlanAt } from "../control/plans.js";
-import { needsSending, outlookOf, parsePlanFile, readFleet, readPlan } from "../control/plans.js";
+import { heldOf, needsSending, outlookOf, parsePlanFile, readFleet, readPlan } from "../control/plans.js";
 import { MeshError, UsageError } from "../errors.js";
 import type { DeclaredItem, Plan } from "../link/index.js";
 import { nodeNameProblem } from "../link/index.js";
@@ -226,7 +226,12 @@ export function registerPlanCommands(program: Command): void {
           );
         }
         const { revision, plan: current } = await readPlan(store);
-        const outlook = outlookOf(current, await readFleet(store, new Date(), options.outOfTouchAfterMs));
+        const held = heldOf(await store.declarations.latestSent());
+        const outlook = outlookOf(
+          current,
+          await readFleet(store, new Date(), options.outOfTouchAfterMs),
+          held,
+        );
         const composition = outlook.compositions.get(name);
         if (composition === undefined) throw new MeshError("internal", `${name} was not composed`);
         return { revision, composition };
@@ -266,9 +271,9 @@ export interface PlanDiff {
 export async function planDiff(store: Store, next: Plan, outOfTouchAfterMs: number): Promise<PlanDiff> {
   const current: PlanAt = await readPlan(store);
   const fleet: FleetReading = await readFleet(store, new Date(), outOfTouchAfterMs);
-  const before: Outlook = outlookOf(current.plan, fleet);
-  const after: Outlook = outlookOf(next, fleet);
   const last = await store.declarations.latestSent();
+  const before: Outlook = outlookOf(current.plan, fleet, heldOf(last));
+  const after: Outlook = outlookOf(next, fleet, heldOf(last));
   const nodes: PlanDiff["nodes"] = [];
   let wouldSend = 0;
   for (const [node, composition] of after.compositions) {

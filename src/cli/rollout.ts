@@ -8,7 +8,15 @@ import type { ControlSide } from "../bus/index.js";
 import type { SentDeclaration } from "../control/declarations.js";
 import { describeLiveness, livenessOf } from "../control/liveness.js";
 import type { PlanAt } from "../control/plans.js";
-import { outlookOf, planText, readFleet, readPlan, refuseConflicts, rollOut } from "../control/plans.js";
+import {
+  heldOf,
+  outlookOf,
+  planText,
+  readFleet,
+  readPlan,
+  refuseConflicts,
+  rollOut,
+} from "../control/plans.js";
 import { MeshError } from "../errors.js";
 import type { Plan } from "../link/index.js";
 import type { Output } from "../program/output.js";
@@ -73,14 +81,14 @@ export async function applyPlanChange(
           written = false;
           break;
         }
+        before = await store.declarations.latestSent();
         refuseConflicts(
-          outlookOf(plan, await readFleet(store, now(), options.outOfTouchAfterMs)),
+          outlookOf(plan, await readFleet(store, now(), options.outOfTouchAfterMs), heldOf(before)),
           change.fileName,
         );
         if (!(await stillActing())) {
           throw new MeshError("lease_moved", `the lease moved on from epoch ${epoch}; ${change.nothingDone}`);
         }
-        before = await store.declarations.latestSent();
         try {
           revision = await store.plans.write({
             expected: current.revision,

@@ -77,7 +77,20 @@ export function rendezvousScore(unit: string, node: string): number {
  */
 export type Away = ReadonlyMap<string, number>;
 
-export function allot(plan: Plan, fleet: readonly FleetNode[], away: Away = new Map()): Allotment {
+/** Unit name → the nodes that hold it now (what they were last sent): a count unit stays where it stands. */
+export type Held = ReadonlyMap<string, ReadonlySet<string>>;
+
+/**
+ * Places every unit. A unit with a count keeps the nodes that already hold it while they still match, fit and are
+ * not away past its `move_after` — a node coming back does not pull a placement back from where it moved — and fills
+ * the rest by rank.
+ */
+export function allot(
+  plan: Plan,
+  fleet: readonly FleetNode[],
+  away: Away = new Map(),
+  held: Held = new Map(),
+): Allotment {
   const placed = new Map<string, readonly string[]>();
   const byName = new Map(fleet.map((node) => [node.name, node]));
   // A unit naming its nodes (a pin from `mesh declare`) looks only at those: ten thousand pins stay cheap.
@@ -108,34 +121,65 @@ export function allot(plan: Plan, fleet: readonly FleetNode[], away: Away = new 
       });
     }
   }
-  for (const unit of units.filter((one) => one.count !== undefined)) {
-    const count = unit.count ?? 0;
-    const moveAfterMs =
-      unit.move_after === undefined ? undefined : parseDuration(unit.move_after, "move_after");
-    const matching = candidatesOf(unit.where).filter((node) => matches(unit.where, node));
-    const candidates = matching
-      .filter((node) => moveAfterMs === undefined || (away.get(node.name) ?? 0) < moveAfterMs)
-      .map((node) => ({ name: node.name, score: rendezvousScore(unit.name, node.name) }))
-      .sort((a, b) => b.score - a.score || (a.name < b.name ? -1 : 1));
-    const chosen: string[] = [];
-    let lacking = 0;
+  // Units with a count, in two passes: first every placement a node already holds keeps its room (so no unit takes
+  // the room of another's standing placement), then the rest are filled by rank.
+  const counted = units
+    .filter((one) => one.count !== undefined)
+    .map((unit) => {
+      const moveAfterMs =
+        unit.move_after === undefined ? undefined : parseDuration(unit.move_after, "move_after");
+      const matching = candidatesOf(unit.where).filter((node) => matches(unit.where, node));
+      const candidates = matching
+        .filter((node) => moveAfterMs === undefined || (away.get(node.name) ?? 0) < moveAfterMs)
+        .map((node) => ({ name: node.name, score: rendezvousScore(unit.name, node.name) }))
+        .sort((a, b) => b.score - a.score || (a.name < b.name ? -1 : 1));
+      return {
+        unit,
+        count: unit.count ?? 0,
+        matching,
+        candidates,
+        chosen: [] as string[],
+        taken: new Set<string>(),
+        lacking: 0,
+      };
+    });
+  const take = (entry: (typeof counted)[number], name: string): boolean => {
+    const room = left.get(name);
+    const cpu = entry.unit.resources?.cpu ?? 0;
+    const memory = entry.unit.resources?.memory_mb ?? 0;
+    if (room === undefined || room.cpu < cpu || room.memory_mb < memory) return false;
+    room.cpu -= cpu;
+    room.memory_mb -= memory;
+    entry.chosen.push(name);
+    entry.taken.add(name);
+    return true;
+  };
+  for (const entry of counted) {
+    const holders = held.get(entry.unit.name);
+    if (holders === undefined) continue;
+    for (const candidate of entry.candidates) {
+      if (entry.chosen.length === entry.count) break;
+      if (holders.has(candidate.name)) take(entry, candidate.name);
+    }
+  }
+  for (const entry of counted) {
+    const { unit, count, matching, candidates, chosen } = entry;
     for (const candidate of candidates) {
       if (chosen.length === count) break;
-      const room = left.get(candidate.name);
-      const cpu = unit.resources?.cpu ?? 0;
-      const memory = unit.resources?.memory_mb ?? 0;
-      if (room === undefined || room.cpu < cpu || room.memory_mb < memory) {
-        lacking++;
-        continue;
-      }
-      room.cpu -= cpu;
-      room.memory_mb -= memory;
-      chosen.push(candidate.name);
+      if (entry.taken.has(candidate.name)) continue;
+      if (!take(entry, candidate.name)) entry.lacking++;
     }
-    placed.set(unit.name, chosen.sort());
+    placed.set(unit.name, [...chosen].sort());
     if (chosen.length < count)
       conditions.push(
-        shortOf(unit, count, chosen.length, candidates.length, lacking, matching.length - candidates.length),
+        shortOf(
+          unit,
+          count,
+          chosen.length,
+          candidates.length,
+          entry.lacking,
+          matching.length - candidates.length,
+        ),
       );
   }
   return { placed, conditions };

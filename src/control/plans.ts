@@ -10,7 +10,7 @@ import { MeshError, UsageError } from "../errors.js";
 import type { Plan, UnitContents } from "../link/index.js";
 import { checkDeclaredFiles, emptyDigest, planSchema } from "../link/index.js";
 import type { Store } from "../store/index.js";
-import type { Allotment, Away, Composition, Condition, FleetNode, ItemConflict } from "./allot.js";
+import type { Allotment, Away, Composition, Condition, FleetNode, Held, ItemConflict } from "./allot.js";
 import { allot, composeFleet } from "./allot.js";
 import type { DeclareContext, SentDeclaration } from "./declarations.js";
 import { sendDeclarations } from "./declarations.js";
@@ -143,8 +143,21 @@ export interface Outlook {
   conditions: Condition[];
 }
 
-export function outlookOf(plan: Plan, fleet: FleetReading): Outlook {
-  const allotment = allot(plan, fleet.nodes, fleet.away);
+/** Which nodes hold each unit now, from what every node was last sent. */
+export function heldOf(last: ReadonlyMap<string, LastSent>): Held {
+  const held = new Map<string, Set<string>>();
+  for (const [node, sent] of last) {
+    for (const unit of sent.units) {
+      let nodes = held.get(unit);
+      if (nodes === undefined) held.set(unit, (nodes = new Set()));
+      nodes.add(node);
+    }
+  }
+  return held;
+}
+
+export function outlookOf(plan: Plan, fleet: FleetReading, held: Held = new Map()): Outlook {
+  const allotment = allot(plan, fleet.nodes, fleet.away, held);
   const compositions = composeFleet(
     plan,
     allotment,
@@ -238,8 +251,8 @@ export async function rollOut(context: RolloutContext, epoch: number): Promise<R
   await passGate(context, epoch);
   const { revision, plan } = await readPlan(store);
   const now = context.now();
-  const outlook = outlookOf(plan, await readFleet(store, now, context.outOfTouchAfterMs));
   const last = await store.declarations.latestSent();
+  const outlook = outlookOf(plan, await readFleet(store, now, context.outOfTouchAfterMs), heldOf(last));
   const targets = [...outlook.compositions]
     .filter(([node, composition]) => needsSending(composition, last.get(node)))
     .map(([node, composition]) => ({ node, ...composition }));

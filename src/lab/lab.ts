@@ -179,6 +179,8 @@ export class Lab {
       started.push(new Promise<void>((resolve) => (ready = resolve)));
       const run = agent.run(ready).then(
         () => {
+          // A run that ended before it was ready (stopped as it began) must not leave start() waiting for it.
+          ready();
           if (!this.stopping) this.stopped.push({ node, error: "the connection closed" });
         },
         (error: unknown) => {

@@ -23,6 +23,7 @@ import type { Store } from "../../src/store/index.js";
 import { meshHost } from "../support/cli.js";
 import type { Fleet } from "../support/fleets.js";
 import { fleetForTest } from "../support/fleets.js";
+import type { Running } from "../support/processes.js";
 import { eventually } from "../support/processes.js";
 import { storeBackends } from "../support/stores.js";
 
@@ -44,6 +45,7 @@ async function nodeWith(
   node: string,
   labels: Record<string, string>,
   root?: string,
+  agents?: Map<string, Running>,
 ): Promise<string> {
   const state = join(fleet.dir, node);
   const labelArgs = Object.entries(labels).flatMap(([key, value]) => ["--label", `${key}=${value}`]);
@@ -51,7 +53,8 @@ async function nodeWith(
   assert.equal(joined.code, 0, joined.stderr);
   const where = root ?? join(fleet.dir, `${node}-root`);
   if (root === undefined) mkdirSync(where);
-  fleet.runAgent(state, where, t);
+  const agent = fleet.runAgent(state, where, t);
+  agents?.set(node, agent);
   await eventually(`${node} to be heard`, async () =>
     (await fleet.show(node)).last_seen !== null ? true : undefined,
   );
@@ -308,6 +311,45 @@ describe("plans (nats)", () => {
       fleet.up.stderr(),
       new RegExp(`"event":"plan\\.rolled_out","revision":${after.revision},"epoch":${after.epoch},"sent":0`),
     );
+  });
+
+  test("plans — a count unit with move_after moves off a node out of touch and stays moved when it is back; declare --wait", async (t) => {
+    const fleet = await fleetForTest(t, "nats", { outOfTouchAfter: "3s" });
+    const roots = new Map<string, string>();
+    const agents = new Map<string, Running>();
+    for (const node of ["mv-1", "mv-2", "mv-3"])
+      roots.set(node, await nodeWith(fleet, t, node, { role: "mv" }, undefined, agents));
+    const holds = (node: string) => existsSync(join(roots.get(node) ?? "", "etc", "svc"));
+    const planFile = join(fleet.dir, "plan.yaml");
+    writeFileSync(
+      planFile,
+      "units:\n  - {name: svc, where: {labels: {role: mv}}, count: 1, move_after: 3s, files: [{path: /etc/svc, content: run}]}\n",
+    );
+    const applied = await json<{ sent: Sent[] }>(fleet, ["plan", "apply", "-f", planFile]);
+    assert.equal(applied.sent.length, 1);
+    const first = applied.sent[0]?.node ?? "";
+    await eventually(`${first} to hold /etc/svc`, () => (holds(first) ? true : undefined));
+
+    // declare --wait: the table says the node applied it, exit 0.
+    const pinFile = join(fleet.dir, "pin.yaml");
+    writeFileSync(pinFile, "files:\n  - {path: /etc/pinned, content: here}\n");
+    const others = ["mv-1", "mv-2", "mv-3"].filter((node) => node !== first);
+    const waited = await fleet.cli(["declare", ...others, "-f", pinFile, "--wait"]);
+    assert.equal(waited.code, 0, waited.stderr);
+    for (const node of others) assert.match(waited.stdout, new RegExp(`^${node}\\s+\\d+\\s+applied`, "m"));
+
+    // The holder goes silent: past move_after the placement moves to another node.
+    await agents.get(first)?.stop("SIGTERM");
+    const successor = await eventually("another node to hold /etc/svc", () => others.find(holds), 120_000);
+    const conditions = await json<{ conditions: unknown[] }>(fleet, ["plan", "show"]);
+    assert.deepEqual(conditions.conditions, []);
+
+    // Back again: it drops what it no longer holds, and the placement stays with the successor.
+    fleet.runAgent(join(fleet.dir, first), roots.get(first), t);
+    await eventually(`${first} to drop /etc/svc`, () => (holds(first) ? undefined : true), 120_000);
+    const shown = await fleet.show(first);
+    assert.equal(shown.account?.sequence, shown.declaration?.sequence);
+    assert.equal(holds(successor), true);
   });
 });
 

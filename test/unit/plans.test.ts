@@ -190,3 +190,64 @@ test("plans — the stored text is canonical: a plan read back is the plan writt
     ),
   );
 });
+
+test("sticky — a count unit stays on the nodes that hold it; a node back from away does not pull it back", () => {
+  const thePlan = plan([{ name: "svc", count: 1, move_after: "5m", files: [file("/etc/svc", "s")] }]);
+  const fleet = ["n-1", "n-2", "n-3", "n-4"].map((name) => node(name));
+  const [ranked] = allot(thePlan, fleet).placed.get("svc") ?? [];
+  const other = fleet.map((one) => one.name).find((name) => name !== ranked) ?? "";
+  // Held by a node of lower rank: it stays there.
+  assert.deepEqual(allot(thePlan, fleet, new Map(), new Map([["svc", new Set([other])]])).placed.get("svc"), [
+    other,
+  ]);
+  // Moved away from the top-ranked node while it was out of touch...
+  const moved = allot(thePlan, fleet, new Map([[ranked ?? "", 6 * 60_000]]));
+  const [successor] = moved.placed.get("svc") ?? [];
+  assert.notEqual(successor, ranked);
+  // ...and it stays with the successor once the first is back.
+  assert.deepEqual(
+    allot(thePlan, fleet, new Map(), new Map([["svc", new Set([successor ?? ""])]])).placed.get("svc"),
+    [successor],
+  );
+  // A holder that no longer matches, or more holders than the count, give way by rank.
+  const shrunk = plan([{ name: "svc", count: 1, where: { nodes: ["n-1", "n-2"] }, files: [] }]);
+  const both = new Map([["svc", new Set(["n-1", "n-2", "n-3"])]]);
+  const [kept] = allot(shrunk, fleet, new Map(), both).placed.get("svc") ?? [];
+  assert.ok(kept === "n-1" || kept === "n-2");
+  assert.deepEqual(
+    allot(shrunk, fleet, new Map(), both).placed.get("svc"),
+    allot(shrunk, fleet).placed.get("svc"),
+  );
+});
+
+test("sticky — a standing placement keeps its room before any other unit is placed", () => {
+  const small = [node("a"), node("b")].map((one) => ({ ...one, profile: { ...one.profile, cpu: 2 } }));
+  const thePlan = plan([
+    { name: "aaa", count: 1, resources: { cpu: 2 }, files: [] },
+    { name: "zzz", count: 1, resources: { cpu: 2 }, files: [] },
+  ]);
+  for (const holder of ["a", "b"]) {
+    const placed = allot(thePlan, small, new Map(), new Map([["zzz", new Set([holder])]])).placed;
+    assert.deepEqual(placed.get("zzz"), [holder], "zzz keeps its node though aaa is placed first by name");
+    assert.deepEqual(placed.get("aaa"), [holder === "a" ? "b" : "a"]);
+  }
+});
+
+test("sticky — property: with what the last allotment placed held, the same fleet moves nothing", () => {
+  fc.assert(
+    fc.property(
+      fc.array(fc.constantFrom("web", "db", "cache"), { minLength: 1, maxLength: 30 }),
+      fc.integer({ min: 1, max: 6 }),
+      (roles, count) => {
+        const fleet = roles.map((role, index) => node(`n-${index}`, { role }));
+        const thePlan = plan([
+          { name: "w", where: { labels: { role: "web" } }, count, resources: { cpu: 1 }, files: [] },
+          { name: "any", count, resources: { cpu: 2 }, files: [] },
+        ]);
+        const first = allot(thePlan, fleet).placed;
+        const held = new Map([...first].map(([unit, nodes]) => [unit, new Set(nodes)]));
+        assert.deepEqual(allot(thePlan, fleet, new Map(), held).placed, first);
+      },
+    ),
+  );
+});

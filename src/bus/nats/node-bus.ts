@@ -53,7 +53,9 @@ export class NatsNodeBus implements NodeBus {
 
   async consumeNode(handle: (message: NodeDelivery) => Promise<void>): Promise<void> {
     const subscription = this.nc.subscribe(nodeSubjects(this.node));
-    await this.nc.flush();
+    // A flush still waiting when the connection closes is never answered: the close ends the wait instead (and the
+    // subscription, closed with the connection, ends the loop below at once).
+    await Promise.race([this.nc.flush(), this.nc.closed()]);
     for await (const msg of subscription) {
       if (msg.subject === declarationSubject(this.node))
         await handle({ kind: "declaration", body: msg.data });

@@ -1,0 +1,146 @@
+/** The plan part's figures: each beside its baseline for the table, and the same in full for the JSON. */
+import type { PlanOnMesh } from "./plan-mesh.js";
+import type { OutlookTiming } from "./plan.js";
+import { median } from "./plan.js";
+import type { Figure } from "./table.js";
+
+export interface Shown {
+  figures: Figure[];
+  json: Record<string, unknown>;
+}
+
+/** The in-process allot + compose timing: the table's figures, a line for the log and the JSON. */
+export function outlookFigures(t: OutlookTiming): Shown & { line: string } {
+  const line =
+    `plan: outlookOf (allot + compose) for ${t.nodes} nodes × ${t.units} units: CPU median ` +
+    `${median(t.cpuMs).toFixed(0)} ms, max ${Math.max(...t.cpuMs).toFixed(0)} ms (allot alone ` +
+    `${median(t.allotCpuMs).toFixed(0)} ms); ${t.distinctCompositions} distinct compositions, ` +
+    `${t.placements} placements, ${t.conditions} condition(s)`;
+  const json = {
+    nodes: t.nodes,
+    units: t.units,
+    cpu_ms: t.cpuMs,
+    wall_ms: t.wallMs,
+    allot_cpu_ms: t.allotCpuMs,
+    distinct_compositions: t.distinctCompositions,
+    placements: t.placements,
+    conditions: t.conditions,
+  };
+  const note =
+    `${t.distinctCompositions} distinct compositions, ${t.placements} placements, ` +
+    `${t.conditions} condition(s); ${t.runs} runs, in-process`;
+  const allotAlone = { value: median(t.allotCpuMs), what: "allot alone, median" };
+  const target = t.nodes === 10_000 ? "≤ 1,000 ms" : "";
+  const figures: Figure[] = [
+    {
+      part: "plan",
+      what: `allot + compose (outlookOf), ${t.nodes.toLocaleString("en-US")} nodes × ${t.units} units, CPU median`,
+      value: median(t.cpuMs),
+      unit: "ms",
+      baseline: allotAlone,
+      target,
+      note,
+    },
+    {
+      part: "plan",
+      what: "allot + compose, CPU max",
+      value: Math.max(...t.cpuMs),
+      unit: "ms",
+      baseline: allotAlone,
+      target,
+    },
+  ];
+  return { figures, json, line };
+}
+
+/** The mesh half's figures for the table, and the same for the JSON. */
+export function planMeshFigures(m: PlanOnMesh, nodes: number): Shown {
+  const { change, failover } = m;
+  const json = {
+    initial: { sent: m.initial.sent, apply_ms: m.initial.applyMs, convergence_ms: m.initial.converged },
+    change: {
+      placed: change.placed,
+      would_send: change.wouldSend,
+      items_change: change.itemsChange,
+      sent: change.sent,
+      declaration_sent_events: change.events,
+      sequences_moved: change.sequencesMoved,
+      applied_by_nodes_not_sent: change.appliedElsewhere,
+      apply_ms: change.applyMs,
+      convergence_ms: change.converged,
+    },
+    failover: {
+      epochs: failover.epochs,
+      takeover_ms: failover.takeoverMs,
+      first_rolled_out: failover.rolledOut ?? null,
+      plan_sent_epoch: failover.sentEpoch ?? null,
+      declaration_sent_events: failover.events,
+      sequences_moved: failover.sequencesMoved,
+    },
+    mismatches: m.mismatches,
+  };
+  const loud = (bad: boolean) => (bad ? "MISMATCH — " : "");
+  const changeCounts = [change.placed, change.wouldSend, change.sent, change.events, change.sequencesMoved];
+  const changeBad = new Set(changeCounts).size !== 1 || change.appliedElsewhere > 0;
+  const applyExits = { value: change.applyMs, what: "`mesh plan apply` exits" };
+  const failoverSent = (failover.rolledOut?.sent ?? 0) + failover.events + failover.sequencesMoved;
+  const failoverBad = failoverSent > 0 || failover.sentEpoch !== failover.epochs[1];
+  const figures: Figure[] = [
+    {
+      part: "plan",
+      what: `whole plan applied to ${nodes} nodes → all kept, max`,
+      value: m.initial.converged.max,
+      unit: "ms",
+      baseline: { value: m.initial.applyMs, what: "`mesh plan apply` exits" },
+      note: `sent to ${m.initial.sent} nodes`,
+    },
+    {
+      part: "plan",
+      what: "one unit changed: nodes affected (`plan diff` would_send)",
+      value: change.wouldSend,
+      unit: "nodes",
+      baseline: { value: change.placed, what: "nodes the unit is placed on" },
+      target: "= placed",
+      note: `${loud(change.wouldSend !== change.placed)}${(change.placed / nodes) * 100} % of the fleet`,
+    },
+    {
+      part: "plan",
+      what: "one unit changed: declarations sent (apply's sent list)",
+      value: change.sent,
+      unit: "nodes",
+      baseline: { value: change.wouldSend, what: "nodes affected" },
+      target: "= affected",
+      note:
+        `${loud(changeBad)}declaration.sent events ${change.events}, sequences moved ${change.sequencesMoved}, ` +
+        `applied by nodes not sent ${change.appliedElsewhere}`,
+    },
+    {
+      part: "plan",
+      what: "one unit changed → applied and kept, p50",
+      value: change.converged.p50,
+      unit: "ms",
+      baseline: applyExits,
+      note: `${change.converged.count} nodes, from \`mesh plan apply\`'s start`,
+    },
+    {
+      part: "plan",
+      what: "one unit changed → applied and kept, max",
+      value: change.converged.max,
+      unit: "ms",
+      baseline: applyExits,
+    },
+    {
+      part: "plan",
+      what: "failover, plan unchanged: declarations sent by the new epoch",
+      value: failover.events,
+      unit: "",
+      baseline: { value: nodes, what: "nodes" },
+      target: "0",
+      note:
+        `${loud(failoverBad)}epoch ${failover.epochs[0]} → ${failover.epochs[1]} (SIGTERM, ` +
+        `${failover.takeoverMs.toFixed(0)} ms); first plan.rolled_out sent ${failover.rolledOut?.sent ?? "none"}, ` +
+        `events ${failover.events}, sequences moved ${failover.sequencesMoved}`,
+    },
+  ];
+  return { figures, json };
+}
