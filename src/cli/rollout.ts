@@ -232,10 +232,15 @@ export async function waitForReports(
   }
 }
 
-/** The reason a report gives, bounded as the wire bounds it. */
+/** The reason a report gives, with its first failed item's own reason (each bounded as the wire bounds it). */
 function reasonOf(report: string): { reason?: string } {
-  const value = JSON.parse(report) as { reason?: unknown };
-  return typeof value.reason === "string" ? { reason: value.reason } : {};
+  const value = JSON.parse(report) as { reason?: unknown; items?: unknown };
+  if (typeof value.reason !== "string") return {};
+  const items = Array.isArray(value.items) ? (value.items as Array<Record<string, unknown>>) : [];
+  const failed = items.find((item) => item.state === "failed" && typeof item.reason === "string");
+  return failed === undefined
+    ? { reason: value.reason }
+    : { reason: `${value.reason}: ${String(failed.id)}: ${String(failed.reason)}` };
 }
 
 /** `--wait`'s deadline when `--timeout` is not given. */

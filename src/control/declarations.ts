@@ -2,34 +2,22 @@
  * Declarations: what one node should hold, composed here, signed over its exact bytes, recorded, and sent straight
  * to the node's own queue. A node that was away gets the latest one again when it says it holds an older one.
  */
-import { parse as parseYaml } from "yaml";
 import type { ControlBus } from "../bus/index.js";
-import { MeshError, UsageError } from "../errors.js";
+import { MeshError } from "../errors.js";
 import type { SigningIdentity } from "../keys/index.js";
 import { sealDeclaration } from "../keys/index.js";
 import type { DeclaredItem, UnitContents } from "../link/index.js";
 import { checkDeclaredFiles, encodeMessage, unitContentsSchema } from "../link/index.js";
 import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
+import { parseOperatorFile } from "./operator-file.js";
 
 /** Reads what an operator declares for nodes (`mesh declare -f FILE`): YAML or JSON, a unit's contents. */
 export function parseDeclarationFile(text: string, fileName: string): UnitContents {
-  let value: unknown;
-  try {
-    value = parseYaml(text);
-  } catch (error) {
-    throw new UsageError(`${fileName} is neither YAML nor JSON: ${(error as Error).message}`, {
-      cause: error,
-    });
-  }
-  const parsed = unitContentsSchema.safeParse(value);
-  if (!parsed.success) {
-    const issue = parsed.error.issues[0];
-    throw new UsageError(`${fileName}: ${issue?.path.join(".") ?? ""}: ${issue?.message ?? "invalid"}`);
-  }
+  const contents = parseOperatorFile(unitContentsSchema, text, fileName);
   // Checked against the wire contract here, before any sequence is allocated: a refused item writes nothing.
-  checkDeclaredFiles(parsed.data.files, fileName);
-  return parsed.data;
+  checkDeclaredFiles(contents.files, fileName);
+  return contents;
 }
 
 export interface DeclareContext {

@@ -5,7 +5,6 @@
  * does this whenever the plan or the fleet changes; a command that took a lease of its own (nobody else acts) does
  * it once before it gives the lease back.
  */
-import { parse as parseYaml } from "yaml";
 import { MeshError, UsageError } from "../errors.js";
 import type { Plan, UnitContents } from "../link/index.js";
 import { checkDeclaredFiles, emptyDigest, planSchema } from "../link/index.js";
@@ -15,6 +14,7 @@ import { allot, composeFleet } from "./allot.js";
 import type { DeclareContext, SentDeclaration } from "./declarations.js";
 import { sendDeclarations } from "./declarations.js";
 import { livenessOf, longestListened } from "./liveness.js";
+import { parseOperatorFile } from "./operator-file.js";
 
 /** A revision of the plan; revision 0 is the empty plan, before any was written. */
 export interface PlanAt {
@@ -26,24 +26,10 @@ export const emptyPlan: Plan = { units: [] };
 
 /** Reads a plan file as the operator wrote it: YAML or JSON, every problem named by where it is. */
 export function parsePlanFile(text: string, fileName: string): Plan {
-  let value: unknown;
-  try {
-    value = parseYaml(text);
-  } catch (error) {
-    throw new UsageError(`${fileName} is neither YAML nor JSON: ${(error as Error).message}`, {
-      cause: error,
-    });
-  }
-  const parsed = planSchema.safeParse(value);
-  if (!parsed.success) {
-    const issue = parsed.error.issues[0];
-    throw new UsageError(`${fileName}: ${issue?.path.join(".") ?? ""}: ${issue?.message ?? "invalid"}`);
-  }
+  const plan = parseOperatorFile(planSchema, text, fileName);
   // Each unit's items against the wire contract, before anything is written: a node would refuse them.
-  parsed.data.units.forEach((unit, index) =>
-    checkUnitContents(unit, `${fileName}: units[${index}] (${unit.name})`),
-  );
-  return parsed.data;
+  plan.units.forEach((unit, index) => checkUnitContents(unit, `${fileName}: units[${index}] (${unit.name})`));
+  return plan;
 }
 
 /** A unit's (or a `mesh declare` file's) items checked against what the wire allows; `where` names it in the error. */

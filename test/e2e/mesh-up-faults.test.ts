@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { describe, test } from "node:test";
 import type { TestContext } from "node:test";
 import type { Fleet } from "../support/fleets.js";
-import { fleetForTest } from "../support/fleets.js";
+import { controlPlanePid, fleetForTest } from "../support/fleets.js";
 import { mesh, meshHost } from "../support/cli.js";
 import { eventually, startBin } from "../support/processes.js";
 import { tempDir } from "../support/tmp.js";
@@ -30,18 +30,6 @@ function pidsOf(pattern: string): number[] {
 const brokerOf = (fleet: Fleet) => {
   const pids = pidsOf(join(fleet.data, "nats", "server", "nats-server.conf"));
   assert.equal(pids.length, 1, `one nats-server for ${fleet.data}: ${pids.join(", ")}`);
-  return pids[0] as number;
-};
-
-/** The control plane: `mesh up`'s child `mesh serve --under-up`. */
-const controlPlaneOf = (fleet: Fleet) => {
-  const pids = execFileSync("pgrep", ["-P", String(fleet.up.child.pid), "-f", "serve --under-up"], {
-    encoding: "utf8",
-  })
-    .trim()
-    .split("\n")
-    .map(Number);
-  assert.equal(pids.length, 1);
   return pids[0] as number;
 };
 
@@ -87,7 +75,7 @@ describe("mesh up through faults (NATS)", () => {
     const fleet = await fleetForTest(t, "nats", { outOfTouchAfter: "5s" });
     const { root } = await steadyNode(fleet, t, "steady-1");
     const broker = brokerOf(fleet);
-    const firstControl = controlPlaneOf(fleet);
+    const firstControl = controlPlanePid(fleet);
     process.kill(broker, "SIGSTOP");
     try {
       // The fault itself: the pause lasts longer than the lease (15 s), as in the field report.
@@ -105,7 +93,7 @@ describe("mesh up through faults (NATS)", () => {
     });
     assert.equal(fleet.up.child.exitCode, null, "mesh up still runs");
     assert.equal(brokerOf(fleet), broker, "the same broker process kept serving: it was never stopped");
-    assert.notEqual(controlPlaneOf(fleet), firstControl, "the control plane that lost its lease ended");
+    assert.notEqual(controlPlanePid(fleet), firstControl, "the control plane that lost its lease ended");
     await allHere(fleet);
     await declaredAndApplied(fleet, "steady-1", root, "after the pause\n");
     assert.equal(events(fleet, "control.deaf").length >= 1, true, "the deafness was said");
@@ -138,7 +126,7 @@ describe("mesh up through faults (NATS)", () => {
   test("faults — the control plane killed: mesh up starts another, which takes the lease over and acts", async (t) => {
     const fleet = await fleetForTest(t, "nats");
     const { root } = await steadyNode(fleet, t, "steady-3");
-    const first = controlPlaneOf(fleet);
+    const first = controlPlanePid(fleet);
     process.kill(first, "SIGKILL");
     // The new one stands by until the killed one's lease ages out, then takes it.
     await eventually(
@@ -149,7 +137,7 @@ describe("mesh up through faults (NATS)", () => {
     const lease = JSON.parse((await fleet.cli(["lease", "show", "--json"])).stdout) as {
       holder: { pid: number } | null;
     };
-    assert.equal(lease.holder?.pid, controlPlaneOf(fleet));
+    assert.equal(lease.holder?.pid, controlPlanePid(fleet));
     assert.notEqual(lease.holder.pid, first);
     await declaredAndApplied(fleet, "steady-3", root, "after the control plane came back\n");
     assert.equal(brokerOf(fleet) > 0, true);

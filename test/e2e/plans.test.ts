@@ -6,7 +6,7 @@
  * nothing. And the store's fence, from a holder paused between its gate and its write.
  */
 import assert from "node:assert/strict";
-import { execFileSync, spawn } from "node:child_process";
+import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -22,7 +22,7 @@ import { openStore } from "../../src/store/index.js";
 import type { Store } from "../../src/store/index.js";
 import { meshHost } from "../support/cli.js";
 import type { Fleet } from "../support/fleets.js";
-import { fleetForTest } from "../support/fleets.js";
+import { controlPlanePid, fleetForTest } from "../support/fleets.js";
 import type { Running } from "../support/processes.js";
 import { eventually } from "../support/processes.js";
 import { storeBackends } from "../support/stores.js";
@@ -286,14 +286,7 @@ describe("plans (nats)", () => {
     const before = await store.plans.sent();
     const child = /"event":"control\.serving","epoch":(\d+)/.exec(fleet.up.stderr())?.[1];
     assert.equal(Number(child), before?.epoch);
-    const pids = execFileSync("pgrep", ["-P", String(fleet.up.child.pid), "-f", "serve --under-up"], {
-      encoding: "utf8",
-    })
-      .trim()
-      .split("\n")
-      .map(Number);
-    assert.equal(pids.length, 1);
-    process.kill(pids[0] ?? 0, "SIGKILL");
+    process.kill(controlPlanePid(fleet), "SIGKILL");
     const after = await eventually(
       "the next control plane to roll the plan out under its epoch",
       async () => {

@@ -5,6 +5,7 @@
  * fleet is closed when that test ends, so no test depends on another's nodes, processes or order.
  */
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import type { TestContext } from "node:test";
@@ -137,6 +138,18 @@ export function exitWithin(process: Running, ms = 60_000): Promise<number | null
     process.exited,
     new Promise<"still running">((resolve) => (timer = setTimeout(() => resolve("still running"), ms))),
   ]).finally(() => clearTimeout(timer));
+}
+
+/** The pid of the control plane under the fleet's `mesh up`: its child `mesh serve --under-up`. */
+export function controlPlanePid(fleet: Fleet): number {
+  const pids = execFileSync("pgrep", ["-P", String(fleet.up.child.pid), "-f", "serve --under-up"], {
+    encoding: "utf8",
+  })
+    .trim()
+    .split("\n")
+    .map(Number);
+  assert.equal(pids.length, 1, `one control plane under mesh up: ${pids.join(", ")}`);
+  return pids[0] as number;
 }
 
 /** A fleet of the test `t`'s own, closed when `t` ends. */
