@@ -5,10 +5,10 @@
  * moves only the placements it must), and respects resources (a placement's request must fit what is left of its
  * node). What cannot be placed is a condition, for a person to read.
  */
-import type { DeclaredItem, Plan, PlanUnit, Selector, UnitContents } from "../link/index.js";
+import type { DeclaredItem, Plan, PlanUnit, Selector } from "../link/index.js";
 import { parseDuration } from "../config/duration.js";
 import { MeshError } from "../errors.js";
-import { fileItemsOf, itemsDigest } from "../link/index.js";
+import { itemsDigest, itemsOfContents } from "../link/index.js";
 
 /** A node as allot sees it: its name and the profile it sent at enrolment. */
 export interface FleetNode {
@@ -50,6 +50,20 @@ export function matches(selector: Selector | undefined, node: FleetNode): boolea
     if (typeof wanted === "string" ? value !== wanted : !wanted.includes(value)) return false;
   }
   return true;
+}
+
+/**
+ * Whether a node's agent can apply every kind of item the unit holds: each kind is a driver the agent advertises in
+ * its profile (`file` for files, directories and links; `user`, `group`, `service`). A node that cannot is no match.
+ */
+export function canHold(unit: PlanUnit, node: FleetNode): boolean {
+  const kinds = [
+    ...(unit.files.length > 0 ? ["file"] : []),
+    ...(unit.users.length > 0 ? ["user"] : []),
+    ...(unit.groups.length > 0 ? ["group"] : []),
+    ...(unit.services.length > 0 ? ["service"] : []),
+  ];
+  return kinds.every((kind) => node.profile.drivers.includes(kind));
 }
 
 /**
@@ -109,7 +123,7 @@ export function allot(
   const units = [...plan.units].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   for (const unit of units.filter((one) => one.count === undefined)) {
     const nodes = candidatesOf(unit.where)
-      .filter((node) => matches(unit.where, node))
+      .filter((node) => matches(unit.where, node) && canHold(unit, node))
       .map((node) => node.name);
     placed.set(unit.name, nodes.sort());
     if (nodes.length === 0) {
@@ -128,7 +142,9 @@ export function allot(
     .map((unit) => {
       const moveAfterMs =
         unit.move_after === undefined ? undefined : parseDuration(unit.move_after, "move_after");
-      const matching = candidatesOf(unit.where).filter((node) => matches(unit.where, node));
+      const matching = candidatesOf(unit.where).filter(
+        (node) => matches(unit.where, node) && canHold(unit, node),
+      );
       const candidates = matching
         .filter((node) => moveAfterMs === undefined || (away.get(node.name) ?? 0) < moveAfterMs)
         .map((node) => ({ name: node.name, score: rendezvousScore(unit.name, node.name) }))
@@ -245,7 +261,11 @@ export function composeFleet(
   const itemsOf = (name: string) => {
     let items = itemsOfUnit.get(name);
     if (items === undefined) {
-      items = itemsOfContents(byName.get(name)).map((item) => ({ item, text: JSON.stringify(item) }));
+      const unit = byName.get(name);
+      items = (unit === undefined ? [] : itemsOfContents(unit)).map((item) => ({
+        item,
+        text: JSON.stringify(item),
+      }));
       itemsOfUnit.set(name, items);
     }
     return items;
@@ -288,13 +308,4 @@ export function composeFor(plan: Plan, allotment: Allotment, node: string): Comp
   const composition = composeFleet(plan, allotment, [node]).get(node);
   if (composition === undefined) throw new MeshError("internal", `${node} was not composed`);
   return composition;
-}
-
-/**
- * A unit's items, by kind. Every kind a unit can hold is listed here once; compose, digest and send carry the items
- * without looking inside them.
- */
-function itemsOfContents(contents: UnitContents | undefined): DeclaredItem[] {
-  if (contents === undefined) return [];
-  return [...fileItemsOf(contents.files)];
 }

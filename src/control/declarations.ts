@@ -7,7 +7,7 @@ import { MeshError } from "../errors.js";
 import type { SigningIdentity } from "../keys/index.js";
 import { sealDeclaration } from "../keys/index.js";
 import type { DeclaredItem, UnitContents } from "../link/index.js";
-import { checkDeclaredFiles, encodeMessage, unitContentsSchema } from "../link/index.js";
+import { checkContents, encodeMessage, unitContentsSchema } from "../link/index.js";
 import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
 import { parseOperatorFile } from "./operator-file.js";
@@ -16,7 +16,7 @@ import { parseOperatorFile } from "./operator-file.js";
 export function parseDeclarationFile(text: string, fileName: string): UnitContents {
   const contents = parseOperatorFile(unitContentsSchema, text, fileName);
   // Checked against the wire contract here, before any sequence is allocated: a refused item writes nothing.
-  checkDeclaredFiles(contents.files, fileName);
+  checkContents(contents, fileName);
   return contents;
 }
 

@@ -127,6 +127,7 @@ export async function answerEnrolment(
       });
     });
     log.info("node.enrolled", { node, claimed_name: enrol.node });
+    const recovery = await recoveryOf(store, node);
     const reply: EnrolReply = {
       kind: "enrol_reply",
       accepted: true,
@@ -135,6 +136,7 @@ export async function answerEnrolment(
       broker: { url: context.broker.url, credential: identity.credential },
       signing_key: encodeSigningPublicKey(context.signing.publicKey),
       fingerprint: context.signing.fingerprint,
+      ...(recovery === undefined ? {} : { recovery }),
     };
     return {
       reply: encodeMessage(reply),
@@ -166,4 +168,20 @@ async function keyHeldElsewhere(
   const revokedFrom = await store.revokedIdentities.nodeOf(brokerUser);
   if (revokedFrom !== undefined) return `its broker key was node ${revokedFrom}'s identity, revoked`;
   return undefined;
+}
+
+/**
+ * The recovery copy as a joining machine is given it: the items its node's last account said it held (applied). A
+ * rebuilt machine learns from it what the mesh put there, so it removes what is no longer declared and nothing else.
+ */
+async function recoveryOf(store: Store, node: string): Promise<{ items: Array<{ id: string }> } | undefined> {
+  const copy = await store.accounts.recoveryCopy(node);
+  if (copy === undefined) return undefined;
+  const report = JSON.parse(copy.report) as { items?: unknown };
+  const items = Array.isArray(report.items) ? (report.items as Array<{ id?: unknown; state?: unknown }>) : [];
+  return {
+    items: items
+      .filter((item) => typeof item.id === "string" && item.state === "applied")
+      .map((item) => ({ id: String(item.id) })),
+  };
 }

@@ -65,6 +65,8 @@ export class Ingest {
   private readonly seen = new Map<string, number>();
   private readonly refusals: RefusalLedger;
   private readonly lastResend = new Map<string, number>();
+  /** When each node's last drift was told (an event at most once a minute per node). */
+  private readonly driftToldAt = new Map<string, number>();
   private readonly enrolled = new Map<string, Remembered<NodeStanding>>();
   private readonly latestOrder = new Map<
     string,
@@ -376,6 +378,24 @@ export class Ingest {
           detail: { reason, sequence: report.sequence ?? null },
         });
         this.context.log.warn(`node.declaration_${report.outcome}`, { node, reason });
+      }
+      const drifted = report.items.filter((item) => item.drift !== undefined);
+      if (drifted.length > 0) {
+        batch.counters.push({ node, name: "drift_repaired", by: drifted.length });
+        // A drift is an event, at most one a minute per node: what a node can add to the trail stays bounded.
+        const last = this.driftToldAt.get(node);
+        if (last === undefined || Date.parse(now) - last >= 60_000) {
+          this.driftToldAt.set(node, Date.parse(now));
+          const items = drifted.slice(0, 10).map((item) => `${item.id}: ${item.drift ?? ""}`);
+          batch.events.push({
+            at: now,
+            kind: "node.drift",
+            node,
+            epoch: report.epoch ?? null,
+            detail: { items, count: drifted.length, sequence: report.sequence ?? null },
+          });
+          this.context.log.warn("node.drift", { node, count: drifted.length, items: items.slice(0, 3) });
+        }
       }
       batch.receipt(node, report, "kept");
     }

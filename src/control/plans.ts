@@ -7,7 +7,7 @@
  */
 import { MeshError, UsageError } from "../errors.js";
 import type { Plan, UnitContents } from "../link/index.js";
-import { checkDeclaredFiles, emptyDigest, planSchema } from "../link/index.js";
+import { checkContents, emptyDigest, planSchema } from "../link/index.js";
 import type { Store } from "../store/index.js";
 import type { Allotment, Away, Composition, Condition, FleetNode, Held, ItemConflict } from "./allot.js";
 import { allot, composeFleet } from "./allot.js";
@@ -34,7 +34,7 @@ export function parsePlanFile(text: string, fileName: string): Plan {
 
 /** A unit's (or a `mesh declare` file's) items checked against what the wire allows; `where` names it in the error. */
 export function checkUnitContents(contents: UnitContents, where: string): void {
-  checkDeclaredFiles(contents.files, where);
+  checkContents(contents, where);
 }
 
 /** The plan as it is stored: canonical JSON of the parsed plan. */

@@ -10,7 +10,8 @@ import { openNodeSide } from "../bus/index.js";
 import { MeshError } from "../errors.js";
 import type { KeyObject } from "node:crypto";
 import { decodeSigningPublicKey, openDeclaration } from "../keys/index.js";
-import type { Declaration, Report } from "../link/index.js";
+import type { Declaration, DeclaredItem, Report } from "../link/index.js";
+import { declaredItemSchema } from "../link/index.js";
 import {
   boundText,
   compareDeclarationOrder,
@@ -22,15 +23,19 @@ import {
 } from "../link/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
-import type { FileItem, ItemResult } from "./file-applier.js";
+import type { Drift, ItemResult } from "./appliers.js";
+import { Appliers } from "./appliers.js";
 import { FileApplier } from "./file-applier.js";
-import { brokerSeedFile } from "./join.js";
+import { brokerSeedFile, recoveryFile } from "./join.js";
 import type { AppliedDeclaration, HostIdentity, StateStorage } from "./state.js";
 import { HostState } from "./state.js";
 
-/** What applies a declaration's file items and says what became of each. */
+/** What applies a declaration's items and says what became of each; and, changing nothing, what has drifted. */
 export interface Applier {
-  apply(items: readonly FileItem[]): Promise<ItemResult[]>;
+  apply(items: readonly DeclaredItem[]): Promise<ItemResult[]>;
+  verify?(items: readonly DeclaredItem[]): Promise<Drift[]>;
+  close?(): Promise<void>;
+  adopt?(ids: readonly string[]): Promise<void>;
 }
 
 /** Opens the node's side of the broker with its own identity (or, in the lab, a connection shared by lab nodes). */
@@ -46,6 +51,13 @@ export interface AgentSettings {
   storage?: StateStorage;
   /** Default: the file applier under `root`, its record in the state dir. */
   applier?: Applier;
+  /**
+   * How often what the node holds is checked against its declaration and put back where it drifted (also at start
+   * and when the declaration it holds arrives again); default 5 minutes. A failed item is tried again sooner, with
+   * backoff from `retryFirstMs` (default 1 s) doubling up to this period.
+   */
+  verifyEveryMs?: number;
+  retryFirstMs?: number;
   /** Default: the node's own connection, with the credential and seed it received when it joined. */
   openBus?: OpenNodeBus;
   /** Told what the agent did, as it does it (the lab and the benchmarks time convergence by it). */
@@ -61,6 +73,9 @@ export type AgentEvent =
 
 /** The items of the last report, kept so a refusal still says what the machine holds. */
 const heldItemsFile = "held-items.json";
+/** The items of the declaration last applied (as verified): what the drift check compares the machine with. */
+const heldDeclarationFile = "held-declaration.json";
+const defaultVerifyEveryMs = 5 * 60_000;
 /** A report written but not yet stored by the broker: sent first on the next start, so none is ever lost. */
 const pendingReportFile = "pending-report.json";
 
@@ -80,6 +95,10 @@ export class Agent {
   /** When the broker last took the pending report (by the clock); undefined until it has, in this run. */
   private reportSentAt: number | undefined;
   private readonly clock: () => number;
+  private verifyTimer: NodeJS.Timeout | undefined;
+  private retryTimer: NodeJS.Timeout | undefined;
+  /** The wait before the next try of failed items; doubles with each failure, back to the first after success. */
+  private retryDelayMs: number;
 
   constructor(private readonly settings: AgentSettings) {
     this.state = new HostState(settings.stateDir, settings.storage);
@@ -94,7 +113,9 @@ export class Agent {
     this.pinnedKey = decodeSigningPublicKey(identity.signing_key);
     this.clock = settings.clock ?? (() => performance.now());
     this.applier =
-      settings.applier ?? new FileApplier(settings.root, join(settings.stateDir, "file-applier.json"));
+      settings.applier ??
+      new Appliers([new FileApplier(settings.root, join(settings.stateDir, "file-applier.json"))]);
+    this.retryDelayMs = settings.retryFirstMs ?? 1000;
   }
 
   /** What this agent has sent and done since it started: the lab sums these over its nodes. */
@@ -135,6 +156,7 @@ export class Agent {
       await bus.close();
       return;
     }
+    await this.adoptRecovered();
     const consuming = bus.consumeNode((message) =>
       message.kind === "receipt" ? this.receive(message.body) : this.enqueue(message.body),
     );
@@ -157,8 +179,16 @@ export class Agent {
     }, this.settings.aliveEveryMs);
     this.settings.log.info("agent.running", { node: this.node, broker: this.identity.broker.url });
     onRunning?.();
+    // What it holds is checked at once (a machine that was off may have drifted), then every period.
+    void this.enqueueVerify();
+    this.verifyTimer = setInterval(
+      () => void this.enqueueVerify(),
+      this.settings.verifyEveryMs ?? defaultVerifyEveryMs,
+    );
     const closed = await bus.closed();
     clearInterval(this.aliveTimer);
+    clearInterval(this.verifyTimer);
+    clearTimeout(this.retryTimer);
     await consuming;
     if (closed !== undefined) throw identityRefusedOr(closed, this.node);
   }
@@ -166,8 +196,99 @@ export class Agent {
   async stop(): Promise<void> {
     this.stopping = true;
     clearInterval(this.aliveTimer);
+    clearInterval(this.verifyTimer);
+    clearTimeout(this.retryTimer);
     await this.queue;
+    await this.applier.close?.();
     await this.bus?.close();
+  }
+
+  /**
+   * A machine rebuilt and joined again was told what its last account said it held: before any declaration is
+   * applied, the appliers take those as their own (where they are found), so the declaration's apply keeps what
+   * matches, removes what is no longer declared, and touches nothing else.
+   */
+  private async adoptRecovered(): Promise<void> {
+    const text = this.state.loadSecret(recoveryFile);
+    if (text === undefined) return;
+    if (this.state.lastApplied() === undefined) {
+      const ids = (JSON.parse(text) as Array<{ id: string }>).map((item) => item.id);
+      await this.applier.adopt?.(ids);
+      this.settings.log.info("agent.recovered", { node: this.node, items: ids.length });
+    }
+    this.state.removeSecret(recoveryFile);
+  }
+
+  /** The drift check, in line with the declarations: never at the same time as an apply. */
+  private enqueueVerify(): Promise<void> {
+    if (this.stopping) return Promise.resolve();
+    this.queue = this.queue.then(() =>
+      this.verifyHeld().catch((error: unknown) =>
+        this.settings.log.error("agent.verify_failed", { error: errorText(error) }),
+      ),
+    );
+    return this.queue;
+  }
+
+  /**
+   * Compares what the machine holds with the declaration last applied; what drifted is put back, and what failed
+   * last time is tried again. Either is reported (the same declaration, a new report), drift item by item.
+   */
+  private async verifyHeld(): Promise<void> {
+    const last = this.state.lastApplied();
+    const text = this.state.loadSecret(heldDeclarationFile);
+    if (last === undefined || text === undefined || this.stopping) return;
+    const items = declaredItemSchema.array().parse(JSON.parse(text));
+    const previous = this.state.loadSecret(heldItemsFile);
+    const failedBefore =
+      previous !== undefined &&
+      (JSON.parse(previous) as Array<{ state?: unknown }>).some((item) => item.state === "failed");
+    const drifts = (await this.applier.verify?.(items)) ?? [];
+    if (drifts.length === 0 && !failedBefore) return;
+    const results = await this.applier.apply(items);
+    const drifted = new Map(drifts.map((drift) => [drift.id, drift.what]));
+    const reported = results.map((result) => {
+      const what = drifted.get(result.id);
+      return what === undefined ? result : { ...result, drift: boundText(what) };
+    });
+    if (drifts.length > 0) {
+      this.settings.log.warn("agent.drift", {
+        items: drifts.slice(0, 20).map((drift) => `${drift.id}: ${drift.what}`),
+        count: drifts.length,
+      });
+    }
+    await this.reportHeld(last, reported);
+  }
+
+  /** A new report of the declaration already held: after a repair, or a retry of what failed. */
+  private async reportHeld(last: AppliedDeclaration, items: Report["items"]): Promise<void> {
+    const failed = items.filter((item) => item.state === "failed");
+    const report = this.composeReport({
+      epoch: last.epoch,
+      sequence: last.sequence,
+      digest: last.digest,
+      outcome: failed.length === 0 ? "applied" : "failed",
+      ...(failed.length === 0 ? {} : { reason: `${failed.length} of ${items.length} item(s) failed` }),
+      items,
+    });
+    this.state.saveSecret(heldItemsFile, JSON.stringify(items));
+    this.scheduleRetry(failed.length > 0);
+    await this.send(report);
+  }
+
+  /** After a failure, the failed items are tried again after a wait that doubles each time; success resets it. */
+  private scheduleRetry(failed: boolean): void {
+    clearTimeout(this.retryTimer);
+    const first = this.settings.retryFirstMs ?? 1000;
+    if (!failed) {
+      this.retryDelayMs = first;
+      return;
+    }
+    if (this.stopping) return;
+    const delay = this.retryDelayMs;
+    this.retryDelayMs = Math.min(delay * 2, this.settings.verifyEveryMs ?? defaultVerifyEveryMs);
+    this.retryTimer = setTimeout(() => void this.enqueueVerify(), delay);
+    this.retryTimer.unref();
   }
 
   private enqueue(body: Uint8Array): Promise<void> {
@@ -253,8 +374,9 @@ export class Agent {
       declaration.sequence === last.sequence &&
       declaration.digest === last.digest
     ) {
-      // The very declaration already applied, delivered again (a resend crossed our alive): nothing to do or say.
-      return;
+      // The very declaration already applied, delivered again (a resend crossed our alive): nothing to apply, but
+      // a moment to check that the machine still holds it.
+      return this.verifyHeld();
     }
     if (last !== undefined && compareDeclarationOrder(declaration, last) <= 0) {
       return this.refuse(
@@ -266,7 +388,7 @@ export class Agent {
 
     let items: Report["items"];
     try {
-      items = await this.applier.apply(declaration.items.filter((item) => item.type === "file"));
+      items = await this.applier.apply(declaration.items);
     } catch (error) {
       // The applier could not run at all (its root is unusable, its record unreadable): every item failed, and
       // the agent stays up to say so and to take the next declaration.
@@ -289,6 +411,8 @@ export class Agent {
       digest: declaration.digest,
     });
     this.state.saveSecret(heldItemsFile, JSON.stringify(items));
+    this.state.saveSecret(heldDeclarationFile, JSON.stringify(declaration.items));
+    this.scheduleRetry(failed.length > 0);
     if (failed.length === 0) {
       this.counters.applied++;
       this.settings.onEvent?.({ kind: "applied", epoch: declaration.epoch, sequence: declaration.sequence });

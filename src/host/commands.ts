@@ -44,15 +44,21 @@ export function registerHostCommands(program: Command): void {
     .option("--state <dir>", "the agent's state dir")
     .option("--root <dir>", "where declared files are written (default: as given to join, else /)")
     .option("--alive-every <duration>", "how often to say alive", "15s")
-    .action(async (flags: { state?: string; root?: string; aliveEvery: string }) => {
+    .option(
+      "--verify-every <duration>",
+      "how often to check what the node holds against its declaration and put back what drifted",
+      "5m",
+    )
+    .action(async (flags: { state?: string; root?: string; aliveEvery: string; verifyEvery: string }) => {
       const aliveEveryMs = parseDuration(flags.aliveEvery, "--alive-every");
+      const verifyEveryMs = parseDuration(flags.verifyEvery, "--verify-every");
       const log = createLogger({});
       const stateDir = resolveStateDir(flags.state);
       const root = runRoot(new HostState(stateDir), flags.root);
       // A root of the operator's choosing may not exist yet. One that exists but is unusable is reported with
       // each declaration instead, where the control plane sees it.
       if (!existsSync(root)) mkdirSync(root, { recursive: true });
-      const agent = new Agent({ stateDir, root, aliveEveryMs, log });
+      const agent = new Agent({ stateDir, root, aliveEveryMs, verifyEveryMs, log });
       const stop = () => void agent.stop();
       process.once("SIGINT", stop);
       process.once("SIGTERM", stop);

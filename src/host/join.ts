@@ -109,5 +109,10 @@ export async function join(request: JoinRequest): Promise<HostIdentity> {
     joined_at: new Date().toISOString(),
   };
   state.saveIdentity(identity);
+  // A machine rebuilt under its old name: what the mesh put here before, for the agent's first apply to sort out.
+  if (reply.recovery !== undefined) state.saveSecret(recoveryFile, JSON.stringify(reply.recovery.items));
   return identity;
 }
+
+/** The recovery copy an enrolment brought, until the agent has adopted what it names. */
+export const recoveryFile = "recovery.json";

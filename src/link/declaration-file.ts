@@ -7,34 +7,17 @@
 import { UsageError } from "../errors.js";
 import { itemsDigest } from "./digest.js";
 import { ContractError } from "./errors.js";
-import type { DeclaredItem } from "./messages.js";
+import { itemsOfContents } from "./items.js";
+import type { UnitContents } from "./plan.js";
 import { encodeMessage } from "./parse.js";
-
-/** One file as an operator declares it. */
-export interface DeclaredFileInput {
-  path: string;
-  content: string;
-  mode?: string | undefined;
-}
-
-/** The declaration items of the declared files, in their order: one file item each, named by its path. */
-export function fileItemsOf(files: readonly DeclaredFileInput[]): DeclaredItem[] {
-  return files.map((file) => ({
-    id: `file:${file.path}`,
-    type: "file" as const,
-    path: file.path,
-    content: file.content,
-    ...(file.mode === undefined ? {} : { mode: file.mode }),
-  }));
-}
 
 /**
  * Throws a UsageError naming `fileName` and the first problem when the files would not make a declaration the wire
  * contract allows. The check encodes the declaration and its envelope as the largest they can be (the longest node
  * name, the largest epoch and sequence, a signature's size), so whatever node and sequence it is sent with fits.
  */
-export function checkDeclaredFiles(files: readonly DeclaredFileInput[], fileName: string): void {
-  const items = fileItemsOf(files);
+export function checkContents(contents: UnitContents, fileName: string): void {
+  const items = itemsOfContents(contents);
   try {
     const bytes = encodeMessage({
       kind: "declaration",
@@ -54,12 +37,22 @@ export function checkDeclaredFiles(files: readonly DeclaredFileInput[], fileName
   } catch (error) {
     if (!(error instanceof ContractError)) throw error;
     // Item i is file i: the problem is named as the operator wrote it.
+    // Item i is named as the operator wrote it: its kind's list and its place there.
+    const places = [
+      ...contents.groups.map((_, index) => ({ at: `groups[${index}]`, key: "name", kind: "group" })),
+      ...contents.users.map((_, index) => ({ at: `users[${index}]`, key: "name", kind: "user" })),
+      ...contents.files.map((_, index) => ({ at: `files[${index}]`, key: "path", kind: "file" })),
+      ...contents.services.map((_, index) => ({ at: `services[${index}]`, key: "name", kind: "service" })),
+    ];
     const reason = error.reason
+      .replace(/^declaration\.items\[(\d+)\]\.id: repeats an earlier item's id/, (_, index: string) => {
+        const place = places[Number(index)];
+        return `${place?.at ?? `item ${index}`}.${place?.key ?? "id"}: repeats an earlier ${place?.kind ?? "item"}'s ${place?.key ?? "id"}`;
+      })
       .replace(
-        /^declaration\.items\[(\d+)\]\.id: repeats an earlier item's id/,
-        "files[$1].path: repeats an earlier file's path",
+        /^declaration\.items\[(\d+)\]/,
+        (_, index: string) => places[Number(index)]?.at ?? `item ${index}`,
       )
-      .replace(/^declaration\.items/, "files")
       .replace(/^declaration(_envelope)?: is /, "the declaration, signed, would be ");
     throw new UsageError(`${fileName}: ${reason}`, { cause: error });
   }

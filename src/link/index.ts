@@ -105,8 +105,19 @@ export type {
   ReportOrder,
 } from "./ordering.js";
 export { emptyDigest, itemsDigest } from "./digest.js";
-export { checkDeclaredFiles, fileItemsOf } from "./declaration-file.js";
-export type { DeclaredFileInput } from "./declaration-file.js";
+export { checkContents } from "./declaration-file.js";
+export {
+  declaredItemSchema,
+  driverOf,
+  fileContentMaxBytes,
+  itemIdOf,
+  itemsOfContents,
+  plannedFileSchema,
+  plannedGroupSchema,
+  plannedServiceSchema,
+  plannedUserSchema,
+} from "./items.js";
+export type { PlannedFile, PlannedGroup, PlannedService, PlannedUser } from "./items.js";
 export { holderRecordSchema, parseHolderRecord } from "./lease-record.js";
 export type { HolderRecord } from "./lease-record.js";
 export {

@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { fitsBytes, reasonMaxBytes } from "./bounds.js";
+import { declaredItemSchema, itemIdOf } from "./items.js";
 import { nodeNamePattern } from "./names.js";
 
 /**
@@ -133,28 +134,14 @@ export const enrolReplySchema = z.discriminatedUnion("accepted", [
     }),
     signing_key: ed25519PublicKey,
     fingerprint,
+    /**
+     * For a node that enrolled before (its machine rebuilt, joining again under its name): what its last account said
+     * it held, so it can tell what the mesh put there from what it did not.
+     */
+    recovery: z.object({ items: z.array(z.object({ id: itemId })).max(100_000) }).optional(),
   }),
   z.object({ kind: z.literal("enrol_reply"), accepted: z.literal(false), reason: reasonText }),
 ]);
-
-/** True for an absolute path with no `..` segment and no NUL, so an item cannot point outside where it says. */
-function isPlainAbsolutePath(path: string): boolean {
-  return path.startsWith("/") && !path.includes("\0") && !path.split("/").includes("..");
-}
-
-const fileItem = z.strictObject({
-  id: itemId,
-  type: z.literal("file"),
-  path: z
-    .string()
-    .max(4_096)
-    .refine(isPlainAbsolutePath, { error: "expected an absolute path with no '..' segment" }),
-  content: z.string(),
-  mode: z
-    .string()
-    .regex(/^[0-7]{3,4}$/, { error: 'expected an octal file mode such as "0644"' })
-    .optional(),
-});
 
 /** `declaration`: what a node should hold. These are the signed bytes; the node parses them only once verified. */
 export const declarationSchema = z
@@ -166,7 +153,7 @@ export const declarationSchema = z
     /** Per node, rising with every declaration sent to it. */
     sequence,
     issued_at: timestamp,
-    items: z.array(z.discriminatedUnion("type", [fileItem])),
+    items: z.array(declaredItemSchema),
     /** The name reports give this declaration; the ordering rule falls back on it for agents that send no order. */
     digest,
   })
@@ -174,6 +161,14 @@ export const declarationSchema = z
     // A report names items by id, so two items with one id would make the report ambiguous.
     const seen = new Set<string>();
     declaration.items.forEach((item, index) => {
+      const expected = itemIdOf(item);
+      if (item.id !== expected) {
+        context.addIssue({
+          code: "custom",
+          path: ["items", index, "id"],
+          message: `expected "${expected.slice(0, 200)}": a ${item.type} is named by its ${item.type === "file" || item.type === "directory" || item.type === "symlink" ? "path" : "name"}`,
+        });
+      }
       if (seen.has(item.id)) {
         context.addIssue({
           code: "custom",
@@ -208,7 +203,15 @@ export const reportSchema = z
     outcome: z.enum(["applied", "failed", "refused"]),
     reason: reasonText.optional(),
     items: z.array(
-      z.object({ id: itemId, state: z.enum(["applied", "failed"]), reason: reasonText.optional() }),
+      z.object({
+        id: itemId,
+        state: z.enum(["applied", "failed"]),
+        reason: reasonText.optional(),
+        /** How an applied item stands, e.g. "running pid 812 since …, 2 restarts"; bounded like a reason. */
+        detail: reasonText.optional(),
+        /** What the agent found changed and put back, when it reports a repair of drift. */
+        drift: reasonText.optional(),
+      }),
     ),
     sent_at: timestamp,
   })

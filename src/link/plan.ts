@@ -5,6 +5,7 @@
  * anything is allotted or written, and names each problem by where it is in the file.
  */
 import { z } from "zod";
+import { plannedFileSchema, plannedGroupSchema, plannedServiceSchema, plannedUserSchema } from "./items.js";
 import { labelKey, nodeName, word } from "./messages.js";
 
 /**
@@ -37,22 +38,15 @@ export const resourcesSchema = z.strictObject({
   memory_mb: z.int().min(1).optional(),
 });
 
-/** A file as an operator writes it in a plan or a declaration (the wire's own checks follow, per unit). */
-export const plannedFileSchema = z.strictObject({
-  path: z.string().startsWith("/", { error: "must be an absolute path" }),
-  content: z.string(),
-  mode: z
-    .string()
-    .regex(/^[0-7]{3,4}$/, { error: 'must be an octal mode such as "0644"' })
-    .optional(),
-});
-
 /**
  * What a unit holds, and all that `mesh declare -f FILE` takes: the items by kind. A new kind is a new field here
  * and in the wire's declaration; allot, compose and send carry it without knowing it.
  */
 export const unitContentsShape = {
   files: z.array(plannedFileSchema).default([]),
+  users: z.array(plannedUserSchema).default([]),
+  groups: z.array(plannedGroupSchema).default([]),
+  services: z.array(plannedServiceSchema).default([]),
 };
 export const unitContentsSchema = z.strictObject(unitContentsShape);
 

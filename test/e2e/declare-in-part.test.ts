@@ -10,7 +10,7 @@ import type { ControlBus } from "../../src/bus/index.js";
 import type { DeclareContext } from "../../src/control/declarations.js";
 import { declarationChunk, sendDeclarations } from "../../src/control/declarations.js";
 import { MeshError } from "../../src/errors.js";
-import { fileItemsOf, itemsDigest } from "../../src/link/index.js";
+import { itemsDigest, itemsOfContents } from "../../src/link/index.js";
 import { loadOrCreateSigningKey } from "../../src/keys/index.js";
 import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
@@ -26,7 +26,7 @@ describe("declare — a fleet's declaration stopped part-way", () => {
     { length: 2 * declarationChunk + 100 },
     (_, i) => `n-${String(i).padStart(4, "0")}`,
   );
-  const items = fileItemsOf([{ path: "/etc/fleet", content: "everyone\n" }]);
+  const items = itemsOfContents({ files: [{ type: "file", path: "/etc/fleet", content: "everyone\n" }] });
   const targets = nodes.map((node) => ({ node, items, digest: itemsDigest(items), units: ["fleet"] }));
   const signing = () => loadOrCreateSigningKey(join(dir.path, "keys"));
 

@@ -7,7 +7,15 @@ describe("bench arguments and table", () => {
   test("bench args — defaults: 1,000 nodes, every part, failover shortened inside the table", () => {
     const options = parseBenchArgs([]);
     assert.equal(options.nodes, 1000);
-    assert.deepEqual(options.parts, ["enrolment", "steady", "fanout", "convergence", "ingest", "failover"]);
+    assert.deepEqual(options.parts, [
+      "enrolment",
+      "steady",
+      "fanout",
+      "convergence",
+      "plan",
+      "ingest",
+      "failover",
+    ]);
     assert.equal(options.failover.shortened, true);
     assert.equal(options.failover.trials, 3);
     assert.equal(options.joinConcurrency, 20);

@@ -13,7 +13,8 @@ import {
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { FileApplier } from "../../src/host/file-applier.js";
-import type { FileItem, ItemResult } from "../../src/host/file-applier.js";
+import type { ItemResult } from "../../src/host/appliers.js";
+import type { FileItem } from "../../src/host/file-applier.js";
 import { HostStateError } from "../../src/host/state.js";
 import { tempDir } from "../support/tmp.js";
 

@@ -1,11 +1,12 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { UsageError } from "../../src/errors.js";
-import { checkDeclaredFiles, encodeMessage, fileItemsOf, itemsDigest } from "../../src/link/index.js";
+import { parseDeclarationFile } from "../../src/control/declarations.js";
+import { encodeMessage, itemsDigest, itemsOfContents } from "../../src/link/index.js";
 
-function refusal(files: Parameters<typeof checkDeclaredFiles>[0]): string {
+function refusal(files: unknown[]): string {
   try {
-    checkDeclaredFiles(files, "web.yaml");
+    parseDeclarationFile(JSON.stringify({ files }), "web.yaml");
   } catch (error) {
     assert.ok(error instanceof UsageError, String(error));
     assert.equal(error.code, "usage");
@@ -21,7 +22,7 @@ describe("a declaration file is checked against the wire contract before anythin
         { path: "/etc/motd", content: "" },
         { path: "/etc/../root/x", content: "" },
       ]),
-      "web.yaml: files[1].path: expected an absolute path with no '..' segment",
+      "web.yaml: files.1.path: expected an absolute path with no '..' segment",
     );
   });
 
@@ -33,14 +34,19 @@ describe("a declaration file is checked against the wire contract before anythin
       ]),
       /files\[1\]\.path: repeats/,
     );
-    assert.match(refusal([{ path: "etc/motd", content: "" }]), /^web\.yaml: files\[0\]\.path/);
-    assert.match(refusal([{ path: "/a", content: "", mode: "999" }]), /^web\.yaml: files\[0\]\.mode/);
+    assert.match(refusal([{ path: "etc/motd", content: "" }]), /^web\.yaml: files\.0\.path/);
+    assert.match(refusal([{ path: "/a", content: "", mode: "999" }]), /^web\.yaml: files\.0\.mode/);
   });
 
   test("declaration file — too much content for one signed message is refused before sending", () => {
     assert.match(
-      refusal([{ path: "/big", content: "x".repeat(800_000) }]),
+      refusal(["/a", "/b", "/c"].map((path) => ({ path, content: "x".repeat(400_000) }))),
       /would be \d+ bytes, at most 1048576/,
+    );
+    // One file's content is bounded by itself, whatever the message could hold.
+    assert.match(
+      refusal([{ path: "/big", content: "x".repeat(600_000) }]),
+      /files\.0\.content: expected at most 524288 bytes/,
     );
   });
 
@@ -49,8 +55,7 @@ describe("a declaration file is checked against the wire contract before anythin
       { path: "/etc/motd", content: "hello\n", mode: "0644" },
       { path: "/etc/issue", content: "" },
     ];
-    checkDeclaredFiles(files, "web.yaml");
-    const items = fileItemsOf(files);
+    const items = itemsOfContents(parseDeclarationFile(JSON.stringify({ files }), "web.yaml"));
     assert.deepEqual(items[0], {
       id: "file:/etc/motd",
       type: "file",

@@ -252,7 +252,9 @@ void describe("link messages", () => {
       "'..'",
     );
     refusedWith(set("items.0.mode", "rw-r--r--"), "declaration.items[0].mode", "octal");
-    refusedWith(set("items.0.type", "service"), "declaration.items[0].type: expected one of file");
+    refusedWith(set("items.0.type", "socket"), "declaration.items[0].type: expected one of file");
+    // An item must be named by what it is: a file by its path.
+    refusedWith(set("items.0.id", "file:/etc/other"), "declaration.items[0].id", "named by its path");
     refusedWith(set("epoch", -1), "declaration.epoch");
     refusedWith(set("sequence", 0), "declaration.sequence");
     refusedWith(set("digest", digest.toUpperCase()), "declaration.digest");
@@ -271,9 +273,9 @@ void describe("link messages", () => {
       "run_as",
     );
     assertRefused(
-      () => parseDeclaration(validWith("declaration", set("items.0.owner", "root"))),
+      () => parseDeclaration(validWith("declaration", set("items.0.run_as", "root"))),
       "declaration.items[0]",
-      "owner",
+      "run_as",
     );
     assertRefused(
       () => parseDeclarationEnvelope(validWith("declaration_envelope", set("note", "x"))),
@@ -371,7 +373,11 @@ void describe("link messages", () => {
     const reordered = Object.fromEntries(Object.entries(declaration).reverse()) as typeof declaration;
     assert.deepEqual(encodeMessage(reordered), encodeMessage(declaration));
     assertRefused(
-      () => encodeMessage({ ...declaration, items: [{ ...declaration.items[0]!, path: "relative" }] }),
+      () =>
+        encodeMessage({
+          ...declaration,
+          items: [{ ...declaration.items[0]!, path: "relative" } as (typeof declaration.items)[number]],
+        }),
       "declaration.items[0].path",
     );
   });

@@ -14,7 +14,7 @@ import {
 } from "../../src/control/plans.js";
 import { UsageError } from "../../src/errors.js";
 import type { Plan } from "../../src/link/index.js";
-import { emptyDigest, itemsDigest, planSchema } from "../../src/link/index.js";
+import { emptyDigest, itemsDigest, planSchema, unitContentsSchema } from "../../src/link/index.js";
 
 const node = (name: string, labels: Record<string, string> = {}): FleetNode => ({
   name,
@@ -22,6 +22,7 @@ const node = (name: string, labels: Record<string, string> = {}): FleetNode => (
 });
 const plan = (units: unknown[]): Plan => planSchema.parse({ units });
 const file = (path: string, content: string) => ({ path, content });
+const contents = (files: Array<{ path: string; content: string }>) => unitContentsSchema.parse({ files });
 
 test("plan file — the issue's example reads as written; bad files are usage errors naming the place", () => {
   const example = parsePlanFile(
@@ -62,26 +63,26 @@ test("plan file — the issue's example reads as written; bad files are usage er
 
 test("pins — `mesh declare` replaces only its own pin, for one node or for all", () => {
   const base = plan([{ name: "motd", files: [file("/etc/motd", "m")] }]);
-  const one = pinned(base, ["web-1"], { files: [file("/etc/a", "1")] });
+  const one = pinned(base, ["web-1"], contents([file("/etc/a", "1")]));
   assert.deepEqual(
     one.units.map((unit) => unit.name),
     ["motd", "pin-web-1"],
   );
   assert.deepEqual(one.units[1]?.where, { nodes: ["web-1"] });
-  const again = pinned(one, ["web-1", "web-2"], { files: [file("/etc/a", "2")] });
+  const again = pinned(one, ["web-1", "web-2"], contents([file("/etc/a", "2")]));
   assert.deepEqual(
-    again.units.map((unit) => [unit.name, unit.files[0]?.content]),
+    again.units.map((unit) => [unit.name, (unit.files[0] as { content?: string } | undefined)?.content]),
     [
       ["motd", "m"],
       ["pin-web-1", "2"],
       ["pin-web-2", "2"],
     ],
   );
-  const all = pinned(again, { all: true }, { files: [file("/etc/all", "x")] });
+  const all = pinned(again, { all: true }, contents([file("/etc/all", "x")]));
   assert.equal(all.units.at(-1)?.name, pinName({ all: true }));
   assert.equal(all.units.at(-1)?.where, undefined);
   // What a pin makes is a plan the contract accepts, for the longest node name too.
-  planSchema.parse(pinned(base, ["n".repeat(63)], { files: [] }));
+  planSchema.parse(pinned(base, ["n".repeat(63)], contents([])));
 });
 
 test("compose — nodes on the same units share one composition; a node with none holds nothing", () => {

@@ -1,0 +1,220 @@
+/**
+ * What a node holds beyond text files, through `mesh declare` and a real `mesh-host` on `mesh up`: directories with
+ * mode and owner, symbolic links, binary content; drift put back and reported (a hand-edited file, a changed mode);
+ * a failed item tried again until it applies; and every kind's bad input refused when the operator writes it.
+ */
+import assert from "node:assert/strict";
+import {
+  chmodSync,
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import type { TestContext } from "node:test";
+import { openStore } from "../../src/store/index.js";
+import { meshHost } from "../support/cli.js";
+import type { Fleet } from "../support/fleets.js";
+import { fleetForTest } from "../support/fleets.js";
+import type { Running } from "../support/processes.js";
+import { eventually, startBin } from "../support/processes.js";
+
+interface ShownItems {
+  account: {
+    outcome: string;
+    sequence: number | null;
+    items: Array<{ id: string; state: string; reason?: string; drift?: string }>;
+  } | null;
+  declaration: { sequence: number } | null;
+}
+
+async function runNode(fleet: Fleet, t: TestContext, node: string, root: string): Promise<Running> {
+  const state = join(fleet.dir, node);
+  const joined = await meshHost(["join", await fleet.issue(node), "--state", state]);
+  assert.equal(joined.code, 0, joined.stderr);
+  const agent = startBin("mesh-host", [
+    "run",
+    "--state",
+    state,
+    "--root",
+    root,
+    "--alive-every",
+    "200ms",
+    "--verify-every",
+    "1s",
+  ]);
+  t.after(() => agent.stop("SIGTERM"));
+  return agent;
+}
+
+async function show(fleet: Fleet, node: string): Promise<ShownItems> {
+  const run = await fleet.cli(["node", "show", node, "--json"]);
+  assert.equal(run.code, 0, run.stderr);
+  return JSON.parse(run.stdout) as ShownItems;
+}
+
+function declareFile(fleet: Fleet, name: string, text: string): string {
+  const file = join(fleet.dir, name);
+  writeFileSync(file, text);
+  return file;
+}
+
+describe("node items (nats)", () => {
+  test("items — directories, links and binary content applied; a hand edit and a mode change put back and reported as drift", async (t) => {
+    const fleet = await fleetForTest(t, "nats");
+    const root = join(fleet.dir, "root-1");
+    mkdirSync(root);
+    await runNode(fleet, t, "items-1", root);
+    const bytes = Buffer.from([0, 1, 2, 250, 255]);
+    const file = declareFile(
+      fleet,
+      "items.yaml",
+      `files:
+  - {path: /srv/app, type: directory, owner: 1234, mode: "0750"}
+  - {path: /srv/app/hello.txt, content: "hello\\n", owner: 1234, group: 1234, mode: "0640"}
+  - {path: /srv/app/current, type: symlink, target: hello.txt}
+  - {path: /srv/app/blob.bin, content_base64: "${bytes.toString("base64")}"}
+`,
+    );
+    const declared = await fleet.cli(["declare", "items-1", "-f", file, "--wait"]);
+    assert.equal(declared.code, 0, declared.stderr + declared.stdout);
+    const dir = lstatSync(join(root, "srv", "app"));
+    assert.ok(dir.isDirectory());
+    assert.equal(dir.mode & 0o7777, 0o750);
+    assert.equal(dir.uid, 1234);
+    const hello = join(root, "srv", "app", "hello.txt");
+    assert.equal(readFileSync(hello, "utf8"), "hello\n");
+    assert.equal(lstatSync(hello).mode & 0o7777, 0o640);
+    assert.deepEqual([lstatSync(hello).uid, lstatSync(hello).gid], [1234, 1234]);
+    assert.equal(readlinkSync(join(root, "srv", "app", "current")), "hello.txt");
+    assert.deepEqual(readFileSync(join(root, "srv", "app", "blob.bin")), bytes);
+
+    // By hand: the content edited and the mode opened. The next check puts both back and says what it found.
+    writeFileSync(hello, "edited by hand\n");
+    chmodSync(join(root, "srv", "app", "blob.bin"), 0o666);
+    await eventually("the edit to be put back", () =>
+      readFileSync(hello, "utf8") === "hello\n" ? true : undefined,
+    );
+    const reported = await eventually("the drift to be reported", async () => {
+      const shown = await show(fleet, "items-1");
+      const drift = shown.account?.items.filter((item) => item.drift !== undefined) ?? [];
+      return drift.length === 2 ? shown : undefined;
+    });
+    assert.equal(lstatSync(join(root, "srv", "app", "blob.bin")).mode & 0o7777, 0o644);
+    const drifts = Object.fromEntries(reported.account?.items.map((item) => [item.id, item.drift]) ?? []);
+    assert.match(drifts["file:/srv/app/hello.txt"] ?? "", /content changed/);
+    assert.match(drifts["file:/srv/app/blob.bin"] ?? "", /mode 0666, not 0644/);
+    assert.equal(reported.account?.outcome, "applied");
+    assert.equal(
+      reported.account?.sequence,
+      reported.declaration?.sequence,
+      "the same declaration, reported again",
+    );
+    // A drift is an event in the audit trail.
+    const store = await openStore(`sqlite:${join(fleet.data, "mesh.db")}`, { historyLimit: 50 });
+    t.after(() => store.close());
+    const events = await eventually("the drift event", async () => {
+      const found = (await store.events.list({ limit: 1000 })).filter((event) => event.kind === "node.drift");
+      return found.length > 0 ? found : undefined;
+    });
+    assert.equal(events[0]?.node, "items-1");
+  });
+
+  test("items — a failed item is tried again with backoff and applies once what stood in its way is gone", async (t) => {
+    const fleet = await fleetForTest(t, "nats");
+    const root = join(fleet.dir, "root-2");
+    mkdirSync(root);
+    // A regular file where the declared file's directory must go.
+    writeFileSync(join(root, "opt"), "in the way\n");
+    await runNode(fleet, t, "retry-1", root);
+    const file = declareFile(fleet, "retry.yaml", "files:\n  - {path: /opt/app.conf, content: ok}\n");
+    const waited = await fleet.cli(["declare", "retry-1", "-f", file, "--wait"]);
+    assert.equal(waited.code, 1);
+    assert.match(
+      waited.stdout,
+      /retry-1\s+\d+\s+failed\s+1 of 1 item\(s\) failed: file:\/opt\/app\.conf: .*not a directory/,
+    );
+    rmSync(join(root, "opt"));
+    await eventually("the retry to apply it", async () => {
+      const shown = await show(fleet, "retry-1");
+      return shown.account?.outcome === "applied" ? true : undefined;
+    });
+    assert.equal(readFileSync(join(root, "opt", "app.conf"), "utf8"), "ok");
+  });
+
+  test("items — a rebuilt node joining again is told what it owns: what still matches is kept, what was dropped removed, nothing else touched", async (t) => {
+    const fleet = await fleetForTest(t, "nats");
+    const root = join(fleet.dir, "root-rb");
+    mkdirSync(root);
+    const first = await runNode(fleet, t, "rb-1", root);
+    const both = declareFile(
+      fleet,
+      "ab.yaml",
+      "files:\n  - {path: /etc/a, content: A}\n  - {path: /etc/b, content: B}\n",
+    );
+    const applied = await fleet.cli(["declare", "rb-1", "-f", both, "--wait"]);
+    assert.equal(applied.code, 0, applied.stderr + applied.stdout);
+    writeFileSync(join(root, "etc", "c"), "not the mesh's\n");
+    const a = lstatSync(join(root, "etc", "a"));
+
+    // The disk is rebuilt: the agent gone, its state dir wiped; meanwhile the node's declaration drops B.
+    await first.stop("SIGTERM");
+    rmSync(join(fleet.dir, "rb-1"), { recursive: true });
+    const onlyA = declareFile(fleet, "a.yaml", "files:\n  - {path: /etc/a, content: A}\n");
+    assert.equal((await fleet.cli(["declare", "rb-1", "-f", onlyA])).code, 0);
+    const rebuilt = await runNode(fleet, t, "rb-1", root);
+    await eventually("B to be removed", () => (existsSync(join(root, "etc", "b")) ? undefined : true));
+    await eventually("the rebuilt node to report", async () => {
+      const shown = await show(fleet, "rb-1");
+      return shown.account?.outcome === "applied" && shown.account.sequence === shown.declaration?.sequence
+        ? true
+        : undefined;
+    });
+    const kept = lstatSync(join(root, "etc", "a"));
+    assert.deepEqual([kept.ino, kept.mtimeMs], [a.ino, a.mtimeMs], "A adopted, not rewritten");
+    assert.equal(readFileSync(join(root, "etc", "c"), "utf8"), "not the mesh's\n", "C untouched");
+    assert.match(rebuilt.stderr(), /"event":"agent\.recovered","node":"rb-1","items":2/);
+  });
+
+  test("items — each kind's bad input is refused when the operator writes it, exit 2, nothing written", async (t) => {
+    const fleet = await fleetForTest(t, "nats");
+    const bad: Array<[string, string, RegExp]> = [
+      [
+        "both contents",
+        "files:\n  - {path: /a, content: x, content_base64: eA==}\n",
+        /content or content_base64/,
+      ],
+      ["a link without a target", "files:\n  - {path: /a, type: symlink}\n", /files\.0\.target/],
+      [
+        "not base64",
+        "files:\n  - {path: /a, content_base64: '*'}\n",
+        /files\.0\.content_base64: expected base64/,
+      ],
+      ["a bad owner", "files:\n  - {path: /a, content: x, owner: 'Bad Name'}\n", /files\.0\.owner/],
+      ["a bad user name", "users:\n  - {name: 'Root!'}\n", /users\.0\.name: expected a user or group name/],
+      ["a relative program", "services:\n  - {name: s, command: [sleep, '1']}\n", /services\.0\.command\.0/],
+      [
+        "an unknown restart",
+        "services:\n  - {name: s, command: [/bin/true], restart: sometimes}\n",
+        /services\.0\.restart/,
+      ],
+      [
+        "two users of one name",
+        "users:\n  - {name: app}\n  - {name: app}\n",
+        /users\[1\]\.name: repeats an earlier user's name/,
+      ],
+    ];
+    for (const [what, text, reason] of bad) {
+      const run = await fleet.cli(["declare", "nobody-yet", "-f", declareFile(fleet, "bad.yaml", text)]);
+      assert.equal(run.code, 2, `${what}: ${run.stderr}`);
+      assert.match(run.stderr, reason, what);
+    }
+    const history = await fleet.cli(["plan", "history", "--json"]);
+    assert.deepEqual(JSON.parse(history.stdout), [], "nothing was written");
+  });
+});
