@@ -22,7 +22,14 @@ export function parseOperatorFile<Schema extends z.ZodType>(
   const parsed = schema.safeParse(value);
   if (!parsed.success) {
     const issue = parsed.error.issues[0];
-    throw new UsageError(`${fileName}: ${issue?.path.join(".") ?? ""}: ${issue?.message ?? "invalid"}`);
+    throw new UsageError(`${fileName}: ${placeOf(issue?.path ?? [])}: ${issue?.message ?? "invalid"}`);
   }
   return parsed.data;
+}
+
+/** Where in the file, as the operator reads it: `files[1].path`. */
+function placeOf(path: ReadonlyArray<PropertyKey>): string {
+  return path
+    .map((key, index) => (typeof key === "number" ? `[${key}]` : `${index === 0 ? "" : "."}${String(key)}`))
+    .join("");
 }

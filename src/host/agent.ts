@@ -26,6 +26,8 @@ import { errorText } from "../log.js";
 import type { Drift, ItemResult } from "./appliers.js";
 import { Appliers } from "./appliers.js";
 import { FileApplier } from "./file-applier.js";
+import { ServiceApplier } from "./service-applier.js";
+import { UserApplier } from "./user-applier.js";
 import { brokerSeedFile, recoveryFile } from "./join.js";
 import type { AppliedDeclaration, HostIdentity, StateStorage } from "./state.js";
 import { HostState } from "./state.js";
@@ -114,7 +116,13 @@ export class Agent {
     this.clock = settings.clock ?? (() => performance.now());
     this.applier =
       settings.applier ??
-      new Appliers([new FileApplier(settings.root, join(settings.stateDir, "file-applier.json"))]);
+      new Appliers([
+        // Users and groups first: the files after them may be owned by them.
+        new UserApplier({ root: settings.root, stateDir: settings.stateDir, log: settings.log }),
+        new FileApplier(settings.root, join(settings.stateDir, "file-applier.json")),
+        // Services last: what they run as and read is in place before they start.
+        new ServiceApplier({ stateDir: settings.stateDir, log: settings.log, accountsRoot: settings.root }),
+      ]);
     this.retryDelayMs = settings.retryFirstMs ?? 1000;
   }
 

@@ -10,8 +10,8 @@ export type MachineProfile = Enrol["profile"];
 /** The label every profile carries, set from the machine itself. */
 export const hostnameLabel = "hostname";
 
-/** Drivers this agent has appliers for. */
-const drivers = ["file"];
+/** Drivers this agent has appliers for (the kinds of item `Agent`'s appliers take). */
+const drivers = ["file", "user", "group", "service"];
 
 // The contract's own label schema, so a label accepted here is one the control plane accepts.
 const labelSchema = enrolSchema.shape.profile.shape.labels.unwrap();

@@ -154,9 +154,13 @@ function weightedOrder(weights: readonly number[], nodes: number): number[] {
   return order;
 }
 
+/** The drivers of the lab's applier (`MemoryApplier`): files only. */
+export const labDrivers = ["file"] as const;
+
 /** What a node given `set` joins with: the lab's own label plus the set's, and the machine facts the set names. */
 export function labJoinProfile(set: ProfileSet | undefined): LabJoinProfile {
-  const simulated: LabJoinProfile["simulated"] = {};
+  // A lab node holds files in memory and nothing else: it says so unless its set claims more.
+  const simulated: LabJoinProfile["simulated"] = { drivers: [...labDrivers] };
   if (set?.cpu !== undefined) simulated.cpu = set.cpu;
   if (set?.memory_mb !== undefined) simulated.memory_mb = set.memory_mb;
   if (set?.drivers !== undefined) simulated.drivers = [...set.drivers];

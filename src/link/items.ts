@@ -104,6 +104,40 @@ const serviceFields = {
   stop_grace_ms: z.int().min(0).max(600_000).optional(),
 };
 
+/** A WireGuard public key: base64 of 32 bytes. */
+const wireguardKey = z.string().regex(/^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$/, {
+  error: "expected a WireGuard public key: base64 of 32 bytes",
+});
+const cidr = z.string().regex(/^(\d{1,3}\.){3}\d{1,3}\/\d{1,2}$/, {
+  error: "expected an IPv4 address with its prefix, e.g. 10.99.0.5/32",
+});
+const endpoint = z.string().regex(/^(\d{1,3}\.){3}\d{1,3}:\d{1,5}$/, {
+  error: "expected an IPv4 address and port, e.g. 192.0.2.7:51820",
+});
+
+/**
+ * The overlay network as one node holds it: its own address, the port it listens on, and its peers — each other
+ * node's overlay public key, the addresses routed to it, and where to reach it when known. Composed by the control
+ * plane only (never written by an operator); the node's private overlay key never leaves it.
+ */
+const overlayFields = {
+  interface: z
+    .string()
+    .regex(/^[a-z][a-z0-9]{0,14}$/, { error: "expected an interface name: up to 15 of a-z, 0-9" }),
+  address: cidr,
+  listen_port: z.int().min(1).max(65_535),
+  peers: z
+    .array(
+      z.strictObject({
+        node: z.string().min(1).max(63),
+        public_key: wireguardKey,
+        allowed_ips: z.array(cidr).min(1).max(16),
+        endpoint: endpoint.optional(),
+      }),
+    )
+    .max(100_000),
+};
+
 /** The operator's forms (and what the node applies, less `id`). */
 export const plannedFileSchema = z.preprocess(
   // A file entry without a type is a regular file: the type is then filled in, so errors name the right fields.
@@ -146,6 +180,7 @@ export const symlinkItem = z.strictObject({
 export const userItem = z.strictObject({ id: itemId, type: z.literal("user"), ...userFields });
 export const groupItem = z.strictObject({ id: itemId, type: z.literal("group"), ...groupFields });
 export const serviceItem = z.strictObject({ id: itemId, type: z.literal("service"), ...serviceFields });
+export const overlayItem = z.strictObject({ id: itemId, type: z.literal("overlay"), ...overlayFields });
 
 export type PlannedFile = z.infer<typeof plannedFileSchema>;
 export type PlannedUser = z.infer<typeof plannedUserSchema>;
@@ -160,6 +195,7 @@ export const declaredItemSchema = z.discriminatedUnion("type", [
   userItem,
   groupItem,
   serviceItem,
+  overlayItem,
 ]);
 export type DeclaredItem = z.infer<typeof declaredItemSchema>;
 
@@ -179,6 +215,8 @@ export function itemIdOf(item: DeclaredItem): string {
       return `group:${item.name}`;
     case "service":
       return `service:${item.name}`;
+    case "overlay":
+      return `overlay:${item.interface}`;
     default: {
       const unknown: never = item;
       return unknown;

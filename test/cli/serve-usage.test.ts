@@ -45,7 +45,7 @@ describe("mesh up, declare and mesh-host: bad usage and clear failures", () => {
     writeFileSync(file, "files:\n  - path: etc/motd\n    content: x\n");
     const relative = await mesh(["--data", data, "declare", "web-1", "-f", file]);
     assert.equal(relative.code, 2);
-    assert.match(relative.stderr, /files\.0\.path: expected an absolute path/);
+    assert.match(relative.stderr, /files\[0\]\.path: expected an absolute path/);
     writeFileSync(file, "files: [ {path: /x, content: 1, mode: '999'} ]\n");
     const mode = await mesh(["--data", data, "declare", "web-1", "-f", file]);
     assert.equal(mode.code, 2);

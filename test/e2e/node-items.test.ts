@@ -52,6 +52,23 @@ async function runNode(fleet: Fleet, t: TestContext, node: string, root: string)
   return agent;
 }
 
+/** Starts the agent of a node that joined already, on the same state dir and root. */
+async function runAgentAgain(fleet: Fleet, t: TestContext, node: string, root: string): Promise<Running> {
+  const agent = startBin("mesh-host", [
+    "run",
+    "--state",
+    join(fleet.dir, node),
+    "--root",
+    root,
+    "--alive-every",
+    "200ms",
+    "--verify-every",
+    "1s",
+  ]);
+  t.after(() => agent.stop("SIGTERM"));
+  return Promise.resolve(agent);
+}
+
 async function show(fleet: Fleet, node: string): Promise<ShownItems> {
   const run = await fleet.cli(["node", "show", node, "--json"]);
   assert.equal(run.code, 0, run.stderr);
@@ -181,6 +198,88 @@ describe("node items (nats)", () => {
     assert.match(rebuilt.stderr(), /"event":"agent\.recovered","node":"rb-1","items":2/);
   });
 
+  test("items — the issue's example on a scratch root: a user, a directory and file it owns, a service run as it; killed, restarted; the agent restarted, the service adopted; a deleted user put back", async (t) => {
+    const fleet = await fleetForTest(t, "nats");
+    const root = join(fleet.dir, "root-ex");
+    mkdirSync(join(root, "etc"), { recursive: true });
+    writeFileSync(join(root, "etc", "passwd"), "root:x:0:0:root:/root:/bin/bash\n");
+    writeFileSync(join(root, "etc", "group"), "root:x:0:\n");
+    writeFileSync(join(root, "etc", "shadow"), "root:*:19000:0:99999:7:::\n", { mode: 0o640 });
+    writeFileSync(join(root, "etc", "gshadow"), "root:*::\n", { mode: 0o640 });
+    const machinePasswd = readFileSync("/etc/passwd", "utf8");
+    const state = join(fleet.dir, "ex-1");
+    const pidFile = join(state, "services", "sleeper", "pid.json");
+    /** Every pid the service had: it outlives its agent by design, so the test ends each one. */
+    const seen = new Set<number>();
+    const servicePid = () => {
+      if (!existsSync(pidFile)) return undefined;
+      const { pid } = JSON.parse(readFileSync(pidFile, "utf8")) as { pid: number };
+      seen.add(pid);
+      return pid;
+    };
+    const alive = (pid: number | undefined) => pid !== undefined && existsSync(`/proc/${pid}`);
+    t.after(() => {
+      for (const pid of seen) if (alive(pid)) process.kill(-pid, "SIGKILL");
+    });
+    const agent = await runNode(fleet, t, "ex-1", root);
+    const file = declareFile(
+      fleet,
+      "example.yaml",
+      `users:
+  - {name: app, uid: 1777, shell: /usr/sbin/nologin}
+files:
+  - {path: /srv/app, type: directory, owner: app, mode: "0750"}
+  - {path: /srv/app/hello.txt, content: "hello\\n", owner: app, mode: "0640"}
+services:
+  - {name: sleeper, command: [/bin/sleep, "987654"], user: app, restart: always}
+`,
+    );
+    const declared = await fleet.cli(["declare", "ex-1", "-f", file, "--wait"]);
+    assert.equal(declared.code, 0, declared.stderr + declared.stdout);
+    assert.match(
+      readFileSync(join(root, "etc", "passwd"), "utf8"),
+      /^app:x:1777:\d+::\/home\/app:\/usr\/sbin\/nologin$/m,
+    );
+    assert.equal(readFileSync("/etc/passwd", "utf8"), machinePasswd, "the machine's own accounts untouched");
+    assert.equal(lstatSync(join(root, "srv", "app")).uid, 1777);
+    assert.equal(lstatSync(join(root, "srv", "app", "hello.txt")).uid, 1777);
+    const first = await eventually("the service to run", () =>
+      alive(servicePid()) ? servicePid() : undefined,
+    );
+    assert.match(readFileSync(`/proc/${first}/status`, "utf8"), /^Uid:\s+1777\s/m, "run as app");
+
+    // Killed: restarted after its pause, as a new process.
+    process.kill(first, "SIGKILL");
+    const second = await eventually("the service to be restarted", () => {
+      const pid = servicePid();
+      return pid !== first && alive(pid) ? pid : undefined;
+    });
+    // The agent restarted: the service is adopted, the same process.
+    await agent.stop("SIGTERM");
+    assert.equal(alive(second), true, "the service outlives its agent");
+    await runAgentAgain(fleet, t, "ex-1", root);
+    await eventually("the restarted agent to report", async () =>
+      (await show(fleet, "ex-1")).account?.outcome === "applied" ? true : undefined,
+    );
+    assert.equal(servicePid(), second, "adopted, not restarted");
+
+    // The user deleted by hand: put back at the next check, and reported as drift.
+    const passwd = join(root, "etc", "passwd");
+    writeFileSync(passwd, readFileSync(passwd, "utf8").replace(/^app:.*\n/m, ""));
+    await eventually("the user to be put back", () =>
+      /^app:x:1777:/m.test(readFileSync(passwd, "utf8")) ? true : undefined,
+    );
+    await eventually("the drift to be reported", async () => {
+      const shown = await show(fleet, "ex-1");
+      return shown.account?.items.some(
+        (item) => item.id === "user:app" && /missing|not there|no such/i.test(item.drift ?? ""),
+      )
+        ? true
+        : undefined;
+    });
+    assert.equal(servicePid(), second);
+  });
+
   test("items — each kind's bad input is refused when the operator writes it, exit 2, nothing written", async (t) => {
     const fleet = await fleetForTest(t, "nats");
     const bad: Array<[string, string, RegExp]> = [
@@ -189,19 +288,23 @@ describe("node items (nats)", () => {
         "files:\n  - {path: /a, content: x, content_base64: eA==}\n",
         /content or content_base64/,
       ],
-      ["a link without a target", "files:\n  - {path: /a, type: symlink}\n", /files\.0\.target/],
+      ["a link without a target", "files:\n  - {path: /a, type: symlink}\n", /files\[0\]\.target/],
       [
         "not base64",
         "files:\n  - {path: /a, content_base64: '*'}\n",
-        /files\.0\.content_base64: expected base64/,
+        /files\[0\]\.content_base64: expected base64/,
       ],
-      ["a bad owner", "files:\n  - {path: /a, content: x, owner: 'Bad Name'}\n", /files\.0\.owner/],
-      ["a bad user name", "users:\n  - {name: 'Root!'}\n", /users\.0\.name: expected a user or group name/],
-      ["a relative program", "services:\n  - {name: s, command: [sleep, '1']}\n", /services\.0\.command\.0/],
+      ["a bad owner", "files:\n  - {path: /a, content: x, owner: 'Bad Name'}\n", /files\[0\]\.owner/],
+      ["a bad user name", "users:\n  - {name: 'Root!'}\n", /users\[0\]\.name: expected a user or group name/],
+      [
+        "a relative program",
+        "services:\n  - {name: s, command: [sleep, '1']}\n",
+        /services\[0\]\.command\[0\]/,
+      ],
       [
         "an unknown restart",
         "services:\n  - {name: s, command: [/bin/true], restart: sometimes}\n",
-        /services\.0\.restart/,
+        /services\[0\]\.restart/,
       ],
       [
         "two users of one name",

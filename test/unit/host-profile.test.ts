@@ -15,7 +15,7 @@ void describe("machine profile", () => {
     assert.equal(profile.arch, process.arch);
     assert.deepEqual(profile.labels, { zone: "eu-west", "rack.example/row": "4", hostname: hostname() });
     assert.deepEqual(profile.roles, []);
-    assert.deepEqual(profile.drivers, ["file"]);
+    assert.deepEqual(profile.drivers, ["file", "user", "group", "service"]);
   });
 
   void test("profile — an enrol message built with it is accepted by the contract", () => {

@@ -137,9 +137,15 @@ void describe("lab profiles", () => {
   });
 
   void test("join profile — a set overrides only what it names; the lab's label stays; the contract accepts it", () => {
-    assert.deepEqual(labJoinProfile(undefined), { labels: { lab: "true" }, simulated: {} });
+    assert.deepEqual(labJoinProfile(undefined), {
+      labels: { lab: "true" },
+      simulated: { drivers: ["file"] },
+    });
     const web = labJoinProfile({ labels: { role: "web" }, cpu: 4, memory_mb: 8192, weight: 2 });
-    assert.deepEqual(web, { labels: { lab: "true", role: "web" }, simulated: { cpu: 4, memory_mb: 8192 } });
+    assert.deepEqual(web, {
+      labels: { lab: "true", role: "web" },
+      simulated: { drivers: ["file"], cpu: 4, memory_mb: 8192 },
+    });
     assert.deepEqual(labJoinProfile({ drivers: ["file", "docker"] }).simulated, {
       drivers: ["file", "docker"],
     });

@@ -22,7 +22,7 @@ describe("a declaration file is checked against the wire contract before anythin
         { path: "/etc/motd", content: "" },
         { path: "/etc/../root/x", content: "" },
       ]),
-      "web.yaml: files.1.path: expected an absolute path with no '..' segment",
+      "web.yaml: files[1].path: expected an absolute path with no '..' segment",
     );
   });
 
@@ -34,8 +34,8 @@ describe("a declaration file is checked against the wire contract before anythin
       ]),
       /files\[1\]\.path: repeats/,
     );
-    assert.match(refusal([{ path: "etc/motd", content: "" }]), /^web\.yaml: files\.0\.path/);
-    assert.match(refusal([{ path: "/a", content: "", mode: "999" }]), /^web\.yaml: files\.0\.mode/);
+    assert.match(refusal([{ path: "etc/motd", content: "" }]), /^web\.yaml: files\[0\]\.path/);
+    assert.match(refusal([{ path: "/a", content: "", mode: "999" }]), /^web\.yaml: files\[0\]\.mode/);
   });
 
   test("declaration file — too much content for one signed message is refused before sending", () => {
@@ -46,7 +46,7 @@ describe("a declaration file is checked against the wire contract before anythin
     // One file's content is bounded by itself, whatever the message could hold.
     assert.match(
       refusal([{ path: "/big", content: "x".repeat(600_000) }]),
-      /files\.0\.content: expected at most 524288 bytes/,
+      /files\[0\]\.content: expected at most 524288 bytes/,
     );
   });
 
