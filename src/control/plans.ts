@@ -6,8 +6,8 @@
  * it once before it gives the lease back.
  */
 import { MeshError, UsageError } from "../errors.js";
-import type { Plan, UnitContents } from "../link/index.js";
-import { checkContents, emptyDigest, planSchema } from "../link/index.js";
+import type { OverlayPlan, Plan, UnitContents } from "../link/index.js";
+import { checkContents, emptyDigest, itemsDigest, planSchema } from "../link/index.js";
 import type { Store } from "../store/index.js";
 import type { Allotment, Away, Composition, Condition, FleetNode, Held, ItemConflict } from "./allot.js";
 import { allot, composeFleet } from "./allot.js";
@@ -15,6 +15,8 @@ import type { DeclareContext, SentDeclaration } from "./declarations.js";
 import { sendDeclarations } from "./declarations.js";
 import { livenessOf, longestListened } from "./liveness.js";
 import { parseOperatorFile } from "./operator-file.js";
+import type { OverlayMember } from "./overlay.js";
+import { allocate, endpointOf, inNetwork, overlayItems, overlayNodes } from "./overlay.js";
 
 /** A revision of the plan; revision 0 is the empty plan, before any was written. */
 export interface PlanAt {
@@ -77,15 +79,21 @@ export async function readPlan(store: Store, revision?: number): Promise<PlanAt>
 export interface FleetReading {
   nodes: FleetNode[];
   away: Away;
+  /** Each node's overlay public key, sent when it enrolled. */
+  overlayKeys?: ReadonlyMap<string, string>;
+  /** The overlay addresses given so far, by node. */
+  addresses?: ReadonlyMap<string, string>;
 }
 
 export async function readFleet(store: Store, now: Date, outOfTouchAfterMs: number): Promise<FleetReading> {
   const hearing = await store.hearing.read();
   const nodes: FleetNode[] = [];
   const away = new Map<string, number>();
+  const overlayKeys = new Map<string, string>();
   for (const node of await store.nodes.list()) {
     if (node.state !== "enrolled") continue;
     nodes.push({ name: node.name, profile: profileOf(node.name, node.profile) });
+    if (node.overlayKey !== null) overlayKeys.set(node.name, node.overlayKey);
     const reading = livenessOf(node.lastSeen, now, outOfTouchAfterMs, hearing);
     if (reading.liveness === "out_of_touch" && node.lastSeen !== null) {
       const seen = Date.parse(node.lastSeen);
@@ -95,7 +103,7 @@ export async function readFleet(store: Store, now: Date, outOfTouchAfterMs: numb
       );
     }
   }
-  return { nodes, away };
+  return { nodes, away, overlayKeys, addresses: await store.overlay.addresses() };
 }
 
 /** The profile a node sent at enrolment, as allot needs it; checked when it was received, read leniently here. */
@@ -149,13 +157,89 @@ export function outlookOf(plan: Plan, fleet: FleetReading, held: Held = new Map(
     allotment,
     fleet.nodes.map((node) => node.name),
   );
+  const overlayConditions = plan.overlay === undefined ? [] : withOverlay(plan.overlay, fleet, compositions);
   const conflicts = [...compositions.values()].flatMap((composition) => composition.conflicts);
   return {
     allotment,
     compositions,
     conflicts,
-    conditions: [...allotment.conditions, ...conflictConditions(plan, conflicts)],
+    conditions: [...allotment.conditions, ...conflictConditions(plan, conflicts), ...overlayConditions],
   };
+}
+
+/** The pseudo-unit a node's overlay item is listed under. */
+export const overlayUnit = "overlay";
+
+/**
+ * Adds each overlay member's `overlay` item to its composition (a composition of its own: its peers are every other
+ * member). A node the overlay selects that has no address in the network yet is left out, as a condition.
+ */
+function withOverlay(
+  overlay: OverlayPlan,
+  fleet: FleetReading,
+  compositions: Map<string, Composition>,
+): Condition[] {
+  const addresses = fleet.addresses ?? new Map<string, string>();
+  const selected = overlayNodes(overlay, fleet.nodes);
+  const members: OverlayMember[] = [];
+  const waiting: string[] = [];
+  for (const node of selected) {
+    const address = addresses.get(node.name);
+    const publicKey = fleet.overlayKeys?.get(node.name);
+    if (address === undefined || !inNetwork(address, overlay.cidr) || publicKey === undefined) {
+      waiting.push(node.name);
+      continue;
+    }
+    members.push({ node: node.name, address, publicKey, endpoint: endpointOf(node) });
+  }
+  for (const [node, item] of overlayItems(overlay, members)) {
+    const composition = compositions.get(node);
+    if (composition === undefined) continue;
+    const items = [...composition.items, item];
+    compositions.set(node, {
+      ...composition,
+      units: [...composition.units, overlayUnit],
+      items,
+      digest: itemsDigest(items),
+    });
+  }
+  if (waiting.length === 0) return [];
+  return [
+    {
+      unit: overlayUnit,
+      wanted: "every",
+      placed: members.length,
+      reason: `overlay: ${waiting.length} node(s) have no address in ${overlay.cidr} yet${waiting.length <= 5 ? ` (${waiting.join(", ")})` : ""}`,
+    },
+  ];
+}
+
+/**
+ * Gives every node the overlay selects an address in its network, where it has none (or one outside it): written to
+ * the store before anything is composed, so an address is given once, whoever composes.
+ */
+export async function giveOverlayAddresses(
+  store: Store,
+  plan: Plan,
+  fleet: FleetReading,
+  at: string,
+): Promise<FleetReading> {
+  const overlay = plan.overlay;
+  if (overlay === undefined) return fleet;
+  const addresses = fleet.addresses ?? new Map<string, string>();
+  const wanting = overlayNodes(overlay, fleet.nodes)
+    .map((node) => node.name)
+    .filter((node) => {
+      const address = addresses.get(node);
+      return address === undefined || !inNetwork(address, overlay.cidr);
+    });
+  if (wanting.length === 0) return fleet;
+  const given = await store.overlay.give(
+    wanting,
+    (taken, nodes) => allocate(overlay.cidr, taken, nodes).given,
+    at,
+  );
+  return { ...fleet, addresses: given };
 }
 
 /** One condition per unit that clashes with another somewhere: its nodes there are not sent anything new. */
@@ -238,7 +322,13 @@ export async function rollOut(context: RolloutContext, epoch: number): Promise<R
   const { revision, plan } = await readPlan(store);
   const now = context.now();
   const last = await store.declarations.latestSent();
-  const outlook = outlookOf(plan, await readFleet(store, now, context.outOfTouchAfterMs), heldOf(last));
+  const fleet = await giveOverlayAddresses(
+    store,
+    plan,
+    await readFleet(store, now, context.outOfTouchAfterMs),
+    now.toISOString(),
+  );
+  const outlook = outlookOf(plan, fleet, heldOf(last));
   const targets = [...outlook.compositions]
     .filter(([node, composition]) => needsSending(composition, last.get(node)))
     .map(([node, composition]) => ({ node, ...composition }));

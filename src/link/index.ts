@@ -122,10 +122,11 @@ export { holderRecordSchema, parseHolderRecord } from "./lease-record.js";
 export type { HolderRecord } from "./lease-record.js";
 export {
   durationText,
+  overlaySchema,
   planSchema,
   resourcesSchema,
   selectorSchema,
   unitContentsSchema,
   unitSchema,
 } from "./plan.js";
-export type { Plan, PlanUnit, Resources, Selector, UnitContents } from "./plan.js";
+export type { OverlayPlan, Plan, PlanUnit, Resources, Selector, UnitContents } from "./plan.js";

@@ -81,22 +81,41 @@ export const unitSchema = z
     }
   });
 
-export const planSchema = z.strictObject({ units: z.array(unitSchema) }).superRefine((plan, context) => {
-  const seen = new Set<string>();
-  plan.units.forEach((unit, index) => {
-    if (seen.has(unit.name)) {
-      context.addIssue({
-        code: "custom",
-        path: ["units", index, "name"],
-        message: "repeats an earlier unit's name",
-      });
-    }
-    seen.add(unit.name);
-  });
+/**
+ * The overlay network: every node it selects (and whose agent can apply it) gets a stable address from `cidr` and,
+ * as peers, every other such node's overlay key, address and endpoint (its `overlay-endpoint` label, `IP:PORT`).
+ */
+export const overlaySchema = z.strictObject({
+  cidr: z.string().regex(/^(\d{1,3}\.){3}\d{1,3}\/(1[6-9]|2[0-9]|30)$/, {
+    error: "expected an IPv4 network from /16 to /30, e.g. 10.99.0.0/16",
+  }),
+  port: z.int().min(1).max(65_535).default(51_820),
+  interface: z
+    .string()
+    .regex(/^[a-z][a-z0-9]{0,14}$/, { error: "expected an interface name: up to 15 of a-z, 0-9" })
+    .default("mesh0"),
+  where: selectorSchema.optional(),
 });
+
+export const planSchema = z
+  .strictObject({ units: z.array(unitSchema), overlay: overlaySchema.optional() })
+  .superRefine((plan, context) => {
+    const seen = new Set<string>();
+    plan.units.forEach((unit, index) => {
+      if (seen.has(unit.name)) {
+        context.addIssue({
+          code: "custom",
+          path: ["units", index, "name"],
+          message: "repeats an earlier unit's name",
+        });
+      }
+      seen.add(unit.name);
+    });
+  });
 
 export type Plan = z.infer<typeof planSchema>;
 export type PlanUnit = Plan["units"][number];
 export type Selector = z.infer<typeof selectorSchema>;
 export type Resources = z.infer<typeof resourcesSchema>;
 export type UnitContents = z.infer<typeof unitContentsSchema>;
+export type OverlayPlan = z.infer<typeof overlaySchema>;

@@ -276,6 +276,21 @@ const planRollout: NumberedMigration = () => ({
   },
 });
 
+/** Every overlay address ever given, by node: never given to another node while the node exists. */
+const overlayAddresses: NumberedMigration = () => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema
+      .createTable("overlay_addresses")
+      .addColumn("node", "text", (c) => c.primaryKey().references("nodes.name"))
+      .addColumn("address", "text", (c) => c.notNull().unique())
+      .addColumn("since", "text", (c) => c.notNull())
+      .execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema.dropTable("overlay_addresses").execute();
+  },
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
@@ -288,6 +303,7 @@ const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0009_control_hearing", controlHearing],
   ["0010_plans", plans],
   ["0011_plan_rollout", planRollout],
+  ["0012_overlay_addresses", overlayAddresses],
 ];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {

@@ -12,6 +12,7 @@ import { AccountQueries } from "./accounts.js";
 import { CounterQueries } from "./counters.js";
 import { SqlLease } from "./lease.js";
 import { HearingQueries } from "./hearing.js";
+import { OverlayQueries } from "./overlay.js";
 import { PlanQueries } from "./plans.js";
 import { StatementTexts } from "./statements.js";
 import { RevokedIdentityQueries } from "./revoked-identities.js";
@@ -44,6 +45,7 @@ export class Store {
   readonly noEpoch: NoEpochQueries;
   readonly hearing: HearingQueries;
   readonly plans: PlanQueries;
+  readonly overlay: OverlayQueries;
 
   constructor(
     readonly dialect: Dialect,
@@ -63,6 +65,7 @@ export class Store {
     this.noEpoch = new NoEpochQueries(db);
     this.hearing = new HearingQueries(db);
     this.plans = new PlanQueries(db);
+    this.overlay = new OverlayQueries(db);
   }
 
   /**

@@ -148,7 +148,14 @@ export interface PlanSentTable {
   sent_at: string;
 }
 
+export interface OverlayAddressTable {
+  node: string;
+  address: string;
+  since: string;
+}
+
 export interface Database {
+  overlay_addresses: OverlayAddressTable;
   plans: PlanTable;
   plan_conditions: PlanConditionTable;
   plan_sent: PlanSentTable;

@@ -6,7 +6,8 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { MeshError } from "../../src/errors.js";
 import type { Store } from "../../src/store/index.js";
-import { freshStoreForSuite, storeBackends } from "../support/stores.js";
+import { allocate } from "../../src/control/overlay.js";
+import { enrolled, freshStoreForSuite, storeBackends } from "../support/stores.js";
 
 const at = (second: number) => new Date(Date.UTC(2026, 10, 30, 12, 0, second)).toISOString();
 
@@ -104,6 +105,18 @@ for (const backend of storeBackends) {
         refusedWith("fenced", /revision 6 was not marked sent: epoch 29 is below the floor 30/),
       );
       assert.equal((await store.plans.sent())?.revision, 5);
+    });
+
+    test("store — overlay addresses: given once in a transaction, kept by a retired node, never given again", async () => {
+      for (const name of ["ov-1", "ov-2", "ov-3"]) await enrolled(store, name, new Date());
+      const pick = (taken: ReadonlySet<string>, nodes: readonly string[]) =>
+        allocate("10.99.0.0/24", taken, nodes).given;
+      const first = await store.overlay.give(["ov-1", "ov-2"], pick, at(40));
+      assert.deepEqual(Object.fromEntries(first), { "ov-1": "10.99.0.1", "ov-2": "10.99.0.2" });
+      await store.nodes.retire("ov-1", at(41));
+      const later = await store.overlay.give(["ov-3"], pick, at(42));
+      assert.equal(later.get("ov-3"), "10.99.0.3", "the retired node's address is not given again");
+      assert.equal((await store.overlay.addresses()).get("ov-1"), "10.99.0.1");
     });
   });
 }
