@@ -188,11 +188,12 @@ export async function waitForReports(
         if (record === undefined) continue;
         const reading = livenessOf(record.lastSeen, now, options.outOfTouchAfterMs, hearing);
         const one = waiting.get(record.name);
-        if (reading.liveness === "here" || one === undefined) continue;
+        // A node that never spoke may be starting now: it is waited for, and named as such if it stays silent.
+        if (reading.liveness !== "out_of_touch" || one === undefined) continue;
         outcomes.set(record.name, {
           node: record.name,
           sequence: one.sequence,
-          outcome: reading.liveness === "never_spoken" ? "never spoken" : "out of touch",
+          outcome: "out of touch",
           reason: describeLiveness(reading),
         });
         waiting.delete(record.name);
@@ -201,12 +202,14 @@ export async function waitForReports(
     if (waiting.size === 0 || options.deadline.remainingMs() <= lookEveryMs * 3) break;
     await new Promise((resolve) => setTimeout(resolve, lookEveryMs));
   }
+  const silent = await Promise.all([...waiting.keys()].map((node) => store.nodes.get(node)));
   for (const [node, one] of waiting) {
+    const never = silent.find((record) => record?.name === node)?.lastSeen === null;
     outcomes.set(node, {
       node,
       sequence: one.sequence,
-      outcome: "no answer",
-      reason: `no report ${options.deadline.said}`,
+      outcome: never ? "never spoken" : "no answer",
+      reason: never ? `not heard from at all ${options.deadline.said}` : `no report ${options.deadline.said}`,
     });
   }
   const rows = [...outcomes.values()].sort((a, b) => (a.node < b.node ? -1 : 1));

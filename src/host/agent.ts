@@ -26,6 +26,7 @@ import { errorText } from "../log.js";
 import type { Drift, ItemResult } from "./appliers.js";
 import { Appliers } from "./appliers.js";
 import { FileApplier } from "./file-applier.js";
+import { OverlayApplier } from "./overlay-applier.js";
 import { ServiceApplier } from "./service-applier.js";
 import { UserApplier } from "./user-applier.js";
 import { brokerSeedFile, recoveryFile } from "./join.js";
@@ -122,6 +123,7 @@ export class Agent {
         new FileApplier(settings.root, join(settings.stateDir, "file-applier.json")),
         // Services last: what they run as and read is in place before they start.
         new ServiceApplier({ stateDir: settings.stateDir, log: settings.log, accountsRoot: settings.root }),
+        new OverlayApplier({ stateDir: settings.stateDir, log: settings.log }),
       ]);
     this.retryDelayMs = settings.retryFirstMs ?? 1000;
   }

@@ -1,5 +1,7 @@
 /** What the machine can be asked to do, as the node tells the control plane at enrolment. */
+import { existsSync, statSync } from "node:fs";
 import { arch, availableParallelism, hostname, platform, totalmem } from "node:os";
+import { join } from "node:path";
 import { UsageError } from "../errors.js";
 import { enrolSchema } from "../link/index.js";
 import type { Enrol } from "../link/index.js";
@@ -10,8 +12,25 @@ export type MachineProfile = Enrol["profile"];
 /** The label every profile carries, set from the machine itself. */
 export const hostnameLabel = "hostname";
 
-/** Drivers this agent has appliers for (the kinds of item `Agent`'s appliers take). */
+/** Drivers this agent has appliers for (the kinds of item `Agent`'s appliers take), on any machine. */
 const drivers = ["file", "user", "group", "service"];
+
+/**
+ * The overlay is advertised only where WireGuard's tools are installed (`wg`, and `wireguard-go` where the kernel has
+ * no WireGuard): a node that cannot bring a tunnel up is not put on the overlay.
+ */
+function canOverlay(): boolean {
+  const onPath = (tool: string) =>
+    (process.env.PATH ?? "/usr/sbin:/usr/bin:/sbin:/bin")
+      .split(":")
+      .some((dir) => dir !== "" && isExecutable(join(dir, tool)));
+  return onPath("wg") && (onPath("wireguard-go") || existsSync("/sys/module/wireguard"));
+}
+
+function isExecutable(path: string): boolean {
+  const found = statSync(path, { throwIfNoEntry: false });
+  return found !== undefined && found.isFile() && (found.mode & 0o111) !== 0;
+}
 
 // The contract's own label schema, so a label accepted here is one the control plane accepts.
 const labelSchema = enrolSchema.shape.profile.shape.labels.unwrap();
@@ -28,7 +47,7 @@ export function machineProfile(labels: Readonly<Record<string, string>> = {}): M
     arch: arch(),
     labels: { ...labels, [hostnameLabel]: hostname() },
     roles: [],
-    drivers: [...drivers],
+    drivers: canOverlay() ? [...drivers, "overlay"] : [...drivers],
   };
 }
 

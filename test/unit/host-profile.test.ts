@@ -15,7 +15,9 @@ void describe("machine profile", () => {
     assert.equal(profile.arch, process.arch);
     assert.deepEqual(profile.labels, { zone: "eu-west", "rack.example/row": "4", hostname: hostname() });
     assert.deepEqual(profile.roles, []);
-    assert.deepEqual(profile.drivers, ["file", "user", "group", "service"]);
+    // The overlay only where WireGuard's tools are (the test set-up installs them).
+    assert.deepEqual(profile.drivers.slice(0, 4), ["file", "user", "group", "service"]);
+    assert.ok(profile.drivers.length === 4 || profile.drivers[4] === "overlay", profile.drivers.join(","));
   });
 
   void test("profile — an enrol message built with it is accepted by the contract", () => {
