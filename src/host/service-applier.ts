@@ -170,6 +170,8 @@ export class ServiceApplier implements KindApplier {
   private readonly log: Logger;
   private readonly bootId: string;
   private readonly services = new Map<string, Supervision>();
+  /** Services a rebuilt machine's recovery copy names: found by their command line when they have no record. */
+  private readonly recovered = new Set<string>();
   private readonly watched = new Set<Run>();
   private readonly ticker: NodeJS.Timeout;
   private queue: Promise<unknown> = Promise.resolve();
@@ -205,6 +207,15 @@ export class ServiceApplier implements KindApplier {
       }
       return drifts;
     });
+  }
+
+  /**
+   * A rebuilt machine, told by its recovery copy which services the mesh ran here: each one that has no record is
+   * looked for, at its next apply, among the running processes by its exact command line, and adopted when found.
+   */
+  adopt(ids: readonly string[]): Promise<void> {
+    for (const id of ids) if (id.startsWith("service:")) this.recovered.add(id.slice("service:".length));
+    return Promise.resolve();
   }
 
   /** Stops supervising once the apply in hand is done: timers cleared, every process left running. */
@@ -277,7 +288,14 @@ export class ServiceApplier implements KindApplier {
   private async takeOver(item: ServiceItem, digest: string): Promise<Supervision> {
     const host = this.host();
     const record = readRecord(this.dirOf(item.name));
-    if (record === undefined) return Supervision.start(host, item, digest);
+    if (record === undefined) {
+      const found = this.recovered.has(item.name) ? findRunning(item) : undefined;
+      if (found === undefined) return Supervision.start(host, item, digest);
+      // The machine's state was wiped and the mesh says it ran this: the process still running it is the one.
+      const run = new Run(found.pid, found.startTicks, this.settings.now().toISOString(), true);
+      this.watch(run);
+      return Supervision.adopt(host, item, digest, run);
+    }
     const sameBoot = record.boot_id === this.bootId;
     if (sameBoot && processState(record.pid, record.start_ticks) === "running") {
       const run = new Run(record.pid, record.start_ticks, record.started_at, true);
@@ -732,6 +750,45 @@ function readProcStat(pid: number): ProcStat {
   const startTicks = Number(fields[19]);
   if (!Number.isSafeInteger(startTicks)) throw new Error(`/proc/${pid}/stat has no start time`);
   return { kind: "found", state, startTicks };
+}
+
+/**
+ * The running process whose command line is exactly the item's argv (and, when the item names a user by id, runs as
+ * it), the oldest when several are: what a service whose record was lost still runs as.
+ */
+function findRunning(item: ServiceItem): { pid: number; startTicks: number } | undefined {
+  const wanted = `${item.command.join("\0")}\0`;
+  let best: { pid: number; startTicks: number } | undefined;
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    const pid = Number(entry);
+    const cmdline = readProc(pid, "cmdline");
+    if (cmdline.kind === "gone" || cmdline.text !== wanted) continue;
+    if (
+      typeof item.user === "number" &&
+      !new RegExp(`^Uid:\\s+${item.user}\\s`, "m").test(textOf(readProc(pid, "status")))
+    )
+      continue;
+    const stat = readProcStat(pid);
+    if (stat.kind === "gone" || stat.state === "Z" || stat.state === "X") continue;
+    if (best === undefined || stat.startTicks < best.startTicks) best = { pid, startTicks: stat.startTicks };
+  }
+  return best;
+}
+
+function textOf(read: { kind: "found"; text: string } | { kind: "gone" }): string {
+  return read.kind === "found" ? read.text : "";
+}
+
+/** A file of /proc/<pid>, or that the process has gone meanwhile. */
+function readProc(pid: number, file: string): { kind: "found"; text: string } | { kind: "gone" } {
+  try {
+    return { kind: "found", text: readFileSync(`/proc/${pid}/${file}`, "utf8") };
+  } catch (error) {
+    if (error instanceof Error && "code" in error && (error.code === "ENOENT" || error.code === "ESRCH"))
+      return { kind: "gone" };
+    throw error;
+  }
 }
 
 /** "running" only for the very process that was started: same pid, same start time, not a zombie. */

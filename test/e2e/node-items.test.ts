@@ -164,25 +164,38 @@ describe("node items (nats)", () => {
     assert.equal(readFileSync(join(root, "opt", "app.conf"), "utf8"), "ok");
   });
 
-  test("items — a rebuilt node joining again is told what it owns: what still matches is kept, what was dropped removed, nothing else touched", async (t) => {
+  test("items — a rebuilt node joining again is told what it owns: a file and a service that still match are kept, what was dropped removed, nothing else touched", async (t) => {
     const fleet = await fleetForTest(t, "nats");
     const root = join(fleet.dir, "root-rb");
     mkdirSync(root);
     const first = await runNode(fleet, t, "rb-1", root);
+    const keeper = "services:\n  - {name: keeper, command: [/bin/sleep, '876543'], restart: always}\n";
+    const pidFile = join(fleet.dir, "rb-1", "services", "keeper", "pid.json");
+    const seen = new Set<number>();
+    const keeperPid = () => {
+      if (!existsSync(pidFile)) return undefined;
+      const { pid } = JSON.parse(readFileSync(pidFile, "utf8")) as { pid: number };
+      seen.add(pid);
+      return pid;
+    };
+    t.after(() => {
+      for (const pid of seen) if (existsSync(`/proc/${pid}`)) process.kill(-pid, "SIGKILL");
+    });
     const both = declareFile(
       fleet,
       "ab.yaml",
-      "files:\n  - {path: /etc/a, content: A}\n  - {path: /etc/b, content: B}\n",
+      `files:\n  - {path: /etc/a, content: A}\n  - {path: /etc/b, content: B}\n${keeper}`,
     );
     const applied = await fleet.cli(["declare", "rb-1", "-f", both, "--wait"]);
     assert.equal(applied.code, 0, applied.stderr + applied.stdout);
     writeFileSync(join(root, "etc", "c"), "not the mesh's\n");
     const a = lstatSync(join(root, "etc", "a"));
+    const running = await eventually("the service to run", () => keeperPid());
 
     // The disk is rebuilt: the agent gone, its state dir wiped; meanwhile the node's declaration drops B.
     await first.stop("SIGTERM");
     rmSync(join(fleet.dir, "rb-1"), { recursive: true });
-    const onlyA = declareFile(fleet, "a.yaml", "files:\n  - {path: /etc/a, content: A}\n");
+    const onlyA = declareFile(fleet, "a.yaml", `files:\n  - {path: /etc/a, content: A}\n${keeper}`);
     assert.equal((await fleet.cli(["declare", "rb-1", "-f", onlyA])).code, 0);
     const rebuilt = await runNode(fleet, t, "rb-1", root);
     await eventually("B to be removed", () => (existsSync(join(root, "etc", "b")) ? undefined : true));
@@ -195,7 +208,9 @@ describe("node items (nats)", () => {
     const kept = lstatSync(join(root, "etc", "a"));
     assert.deepEqual([kept.ino, kept.mtimeMs], [a.ino, a.mtimeMs], "A adopted, not rewritten");
     assert.equal(readFileSync(join(root, "etc", "c"), "utf8"), "not the mesh's\n", "C untouched");
-    assert.match(rebuilt.stderr(), /"event":"agent\.recovered","node":"rb-1","items":2/);
+    assert.match(rebuilt.stderr(), /"event":"agent\.recovered","node":"rb-1","items":3/);
+    assert.equal(keeperPid(), running, "the service adopted, not started again");
+    assert.match(rebuilt.stderr(), /"event":"service\.adopted","service":"keeper","pid":\d+/);
   });
 
   test("items — the issue's example on a scratch root: a user, a directory and file it owns, a service run as it; killed, restarted; the agent restarted, the service adopted; a deleted user put back", async (t) => {
