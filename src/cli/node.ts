@@ -175,6 +175,15 @@ export function registerNodeCommands(program: Command): void {
       );
       out.line(`units        ${shown.units.length === 0 ? "-" : shown.units.join(", ")}`);
       out.line(`holding      ${shown.holding}`);
+      // What the node last found drifted and put back, and how often it has repaired drift or tried failed items.
+      const items = Array.isArray(a?.items) ? (a.items as Array<{ id?: unknown; drift?: unknown }>) : [];
+      const drifted = items.filter((item) => typeof item.drift === "string");
+      const repaired = shown.refused.drift_repaired ?? 0;
+      const retried = shown.refused.declarations_failed ?? 0;
+      out.line(
+        `drift        ${drifted.length === 0 ? "none in the latest account" : drifted.map((item) => `${String(item.id)}: ${String(item.drift)}`).join("; ")}` +
+          ` (${repaired} repaired in all; ${retried} failed report(s))`,
+      );
       const refused = Object.entries(shown.refused);
       out.line(
         `refused      ${refused.length === 0 ? "none" : refused.map(([k, v]) => `${k}=${v}`).join(" ")}`,

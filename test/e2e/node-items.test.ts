@@ -127,6 +127,11 @@ describe("node items (nats)", () => {
     assert.match(drifts["file:/srv/app/hello.txt"] ?? "", /content changed/);
     assert.match(drifts["file:/srv/app/blob.bin"] ?? "", /mode 0666, not 0644/);
     assert.equal(reported.account?.outcome, "applied");
+    const text = await fleet.cli(["node", "show", "items-1"]);
+    assert.match(
+      text.stdout,
+      /^drift\s+.*file:\/srv\/app\/hello\.txt: content changed.*\(\d+ repaired in all; \d+ failed report\(s\)\)$/m,
+    );
     assert.equal(
       reported.account?.sequence,
       reported.declaration?.sequence,
