@@ -3,7 +3,16 @@
  * making what it manages match the items it is given, removing only what it made earlier and no longer declared, and
  * able to say — without changing anything — where what it holds has drifted from the items.
  */
+import { MeshError } from "../errors.js";
 import type { DeclaredItem, Report } from "../link/index.js";
+
+/** An applier could not work at all (its root unusable, the machine without what it needs): every item failed. */
+export class ApplierError extends MeshError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super("applier", message, options);
+    this.name = "ApplierError";
+  }
+}
 
 /** What became of one item, in the form a report carries it. */
 export type ItemResult = Report["items"][number];

@@ -19,10 +19,10 @@ import {
   unlink,
 } from "node:fs/promises";
 import { basename, dirname, join, posix, relative } from "node:path";
-import { MeshError } from "../errors.js";
 import { NotFlushed, writeFileAtomically, writePrivateFile } from "../keys/index.js";
 import type { DeclaredItem } from "../link/index.js";
 import type { Drift, ItemResult, KindApplier } from "./appliers.js";
+import { ApplierError } from "./appliers.js";
 import { HostStateError } from "./state.js";
 
 /** A declared file system entry: a regular file, a directory or a symbolic link. */
@@ -33,14 +33,6 @@ type Entry = { path: string; kind: Kind };
 const defaultMode = "0644";
 /** Directories made on the way to a declared entry. */
 const directoryMode = 0o755;
-
-/** The applier could not start at all: its root is missing or unreadable. */
-export class ApplierError extends MeshError {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super("applier", message, options);
-    this.name = "ApplierError";
-  }
-}
 
 /** A declared path the applier will not touch, with the reason a person reads in the report. */
 class Refusal extends Error {

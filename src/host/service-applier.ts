@@ -23,13 +23,13 @@ import {
 import { access, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { z } from "zod";
-import { MeshError } from "../errors.js";
 import { writePrivateFile } from "../keys/index.js";
 import { boundText, reasonMaxBytes } from "../link/index.js";
 import type { DeclaredItem } from "../link/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
 import type { Drift, ItemResult, KindApplier } from "./appliers.js";
+import { ApplierError } from "./appliers.js";
 
 type ServiceItem = Extract<DeclaredItem, { type: "service" }>;
 type RestartPolicy = ServiceItem["restart"];
@@ -78,14 +78,6 @@ function compileServiceApplierOptions(options: ServiceApplierOptions): Settings 
 const defaultStopGraceMs = 10_000;
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const recordFile = "pid.json";
-
-/** The service applier cannot work on this machine at all (no /proc). */
-export class ServiceApplierError extends MeshError {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super("applier", message, options);
-    this.name = "ServiceApplierError";
-  }
-}
 
 /** A service that will not be started as declared, with the reason a person reads in the report. */
 class Refusal extends Error {
@@ -177,7 +169,7 @@ export class ServiceApplier implements KindApplier {
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
 
-  /** @throws ServiceApplierError when /proc cannot be read: without it no process can be told apart. */
+  /** @throws ApplierError when /proc cannot be read: without it no process can be told apart. */
   constructor(options: ServiceApplierOptions) {
     this.stateDir = options.stateDir;
     this.log = options.log;
@@ -185,7 +177,7 @@ export class ServiceApplier implements KindApplier {
     try {
       this.bootId = readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
     } catch (error) {
-      throw new ServiceApplierError(
+      throw new ApplierError(
         `the service applier needs /proc (Linux) to know its processes: ${errorText(error)}`,
         { cause: error },
       );
@@ -232,7 +224,7 @@ export class ServiceApplier implements KindApplier {
 
   private serially<T>(work: () => T | Promise<T>): Promise<T> {
     const next = this.queue.then(() => {
-      if (this.closed) throw new ServiceApplierError("the service applier is closed");
+      if (this.closed) throw new ApplierError("the service applier is closed");
       return work();
     });
     this.queue = next.catch((error: unknown) => error);

@@ -24,12 +24,12 @@ import {
 import { chmod, chown, mkdir, realpath, rm, stat } from "node:fs/promises";
 import { basename, join, posix, relative } from "node:path";
 import { z } from "zod";
-import { MeshError } from "../errors.js";
 import { writePrivateFile } from "../keys/index.js";
 import type { DeclaredItem } from "../link/index.js";
 import { errorText } from "../log.js";
 import type { Logger } from "../log.js";
 import type { Drift, ItemResult, KindApplier } from "./appliers.js";
+import { ApplierError } from "./appliers.js";
 import { HostStateError } from "./state.js";
 
 type UserItem = Extract<DeclaredItem, { type: "user" }>;
@@ -92,14 +92,6 @@ interface Made {
   groups: Map<string, MadeGroup>;
 }
 
-/** The applier could not start at all: its root is missing or unreadable. */
-export class UserApplierError extends MeshError {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super("applier", message, options);
-    this.name = "UserApplierError";
-  }
-}
-
 /** An item the applier will not apply, with the reason a person reads in the report. */
 class Refusal extends Error {
   override name = "Refusal";
@@ -133,7 +125,7 @@ export class UserApplier implements KindApplier {
    * Groups first (users name them), then users, then removals: users before groups, so a group is no longer
    * anyone's primary group when it goes.
    *
-   * @throws UserApplierError when root cannot be resolved; HostStateError when the record cannot be read or written.
+   * @throws ApplierError when root cannot be resolved; HostStateError when the record cannot be read or written.
    */
   async apply(given: readonly DeclaredItem[]): Promise<ItemResult[]> {
     const realRoot = await this.resolveRoot();
@@ -471,12 +463,9 @@ export class UserApplier implements KindApplier {
     try {
       return await realpath(this.options.root);
     } catch (error) {
-      throw new UserApplierError(
-        `user applier root ${this.options.root} cannot be used: ${errorText(error)}`,
-        {
-          cause: error,
-        },
-      );
+      throw new ApplierError(`user applier root ${this.options.root} cannot be used: ${errorText(error)}`, {
+        cause: error,
+      });
     }
   }
 

@@ -37,23 +37,11 @@ async function runNode(fleet: Fleet, t: TestContext, node: string, root: string)
   const state = join(fleet.dir, node);
   const joined = await meshHost(["join", await fleet.issue(node), "--state", state]);
   assert.equal(joined.code, 0, joined.stderr);
-  const agent = startBin("mesh-host", [
-    "run",
-    "--state",
-    state,
-    "--root",
-    root,
-    "--alive-every",
-    "200ms",
-    "--verify-every",
-    "1s",
-  ]);
-  t.after(() => agent.stop("SIGTERM"));
-  return agent;
+  return runAgentAgain(fleet, t, node, root);
 }
 
-/** Starts the agent of a node that joined already, on the same state dir and root. */
-async function runAgentAgain(fleet: Fleet, t: TestContext, node: string, root: string): Promise<Running> {
+/** Starts the agent of a node that joined already (checks every second), on its state dir and root. */
+function runAgentAgain(fleet: Fleet, t: TestContext, node: string, root: string): Promise<Running> {
   const agent = startBin("mesh-host", [
     "run",
     "--state",

@@ -5,7 +5,7 @@
  * touching A.
  */
 import assert from "node:assert/strict";
-import { execFile, spawn, spawnSync } from "node:child_process";
+import { execFile, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -15,7 +15,7 @@ import type { RunningNatsServer } from "../../src/bus/index.js";
 import { writeNatsServerConfig } from "../../src/bus/nats/server.js";
 import { mesh } from "../support/cli.js";
 import type { Running } from "../support/processes.js";
-import { eventually, startBin } from "../support/processes.js";
+import { eventually, startBin, startCommand } from "../support/processes.js";
 import { tempDir } from "../support/tmp.js";
 
 const root = new URL("../../", import.meta.url).pathname;
@@ -218,23 +218,5 @@ function startIn(ns: string, args: readonly string[]): Running {
     inside,
     "sh",
   ];
-  const child = spawn("ip", [...command, process.execPath, ...args], {
-    env: { ...process.env, MESH_HOME: "" },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  let out = "";
-  let err = "";
-  child.stdout.on("data", (chunk: Buffer) => (out += chunk.toString("utf8")));
-  child.stderr.on("data", (chunk: Buffer) => (err += chunk.toString("utf8")));
-  const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
-  return {
-    child,
-    stdout: () => out,
-    stderr: () => err,
-    exited,
-    stop: async (signal = "SIGINT") => {
-      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
-      return exited;
-    },
-  };
+  return startCommand("ip", [...command, process.execPath, ...args]);
 }

@@ -30,7 +30,16 @@ export function startScript(
   args: readonly string[],
   options: { env?: NodeJS.ProcessEnv; cwd?: string } = {},
 ): Running {
-  const child = spawn(process.execPath, [script, ...args], {
+  return startCommand(process.execPath, [script, ...args], options);
+}
+
+/** Starts any command (`ip netns exec …`, say) as a Running, with the same environment as `startScript`. */
+export function startCommand(
+  command: string,
+  args: readonly string[],
+  options: { env?: NodeJS.ProcessEnv; cwd?: string } = {},
+): Running {
+  const child = spawn(command, [...args], {
     cwd: options.cwd ?? root,
     env: { ...process.env, MESH_HOME: "", ...options.env },
     stdio: ["ignore", "pipe", "pipe"],
