@@ -108,12 +108,16 @@ export class Hearing {
     } else if (this.broker === undefined) {
       this.lostBroker(answer.reason);
     }
+    // Only a write begun after the loss was known says the store is back: one already under way when the loss was
+    // found may have reached the store just before it went.
+    const lossBefore = this.storeLoss;
     const wrote = await this.writeHearing(at);
     if (!wrote.ok) {
       if (this.storeLoss === undefined) this.lostStore(wrote.reason, 0);
       return;
     }
-    if (this.storeLoss !== undefined) this.storeIsBack(typeof answer === "number" ? answer : undefined);
+    if (lossBefore !== undefined && this.storeLoss === lossBefore)
+      this.storeIsBack(typeof answer === "number" ? answer : undefined);
   }
 
   /** The broker's answer, or why there was none: an error, or no answer within the time allowed. */
