@@ -319,12 +319,19 @@ services:
         "users:\n  - {name: app}\n  - {name: app}\n",
         /users\[1\]\.name: repeats an earlier user's name/,
       ],
+      ["a bad gid", "groups:\n  - {name: ops, gid: -1}\n", /groups\[0\]\.gid/],
+      ["an unknown group field", "groups:\n  - {name: ops, members: [a]}\n", /groups\[0\].*members/],
     ];
     for (const [what, text, reason] of bad) {
       const run = await fleet.cli(["declare", "nobody-yet", "-f", declareFile(fleet, "bad.yaml", text)]);
       assert.equal(run.code, 2, `${what}: ${run.stderr}`);
       assert.match(run.stderr, reason, what);
     }
+    // The overlay is written in the plan: a network it cannot use is refused the same way.
+    const plan = declareFile(fleet, "bad-plan.yaml", "units: []\noverlay: {cidr: 10.99.0.0/8}\n");
+    const refused = await fleet.cli(["plan", "apply", "-f", plan]);
+    assert.equal(refused.code, 2, refused.stderr);
+    assert.match(refused.stderr, /overlay\.cidr: expected an IPv4 network from \/16 to \/30/);
     const history = await fleet.cli(["plan", "history", "--json"]);
     assert.deepEqual(JSON.parse(history.stdout), [], "nothing was written");
   });
