@@ -79,6 +79,8 @@ for (const backend of storeBackends) {
       const begun = (await store.hearing.read())?.since;
       assert.ok(hearing.hears);
 
+      // A stretch begun at start (after the earlier tests' rows) may have been said already: the new one is counted.
+      const beginsBefore = events("control.hearing_begins").length;
       brokerAnswers = false;
       await until("deafness to be seen", () => !hearing.hears);
       await new Promise((resolve) => setTimeout(resolve, 150));
@@ -86,9 +88,7 @@ for (const backend of storeBackends) {
       await until("hearing again", () => hearing.hears);
       assert.equal(events("control.deaf").length, 1);
       assert.equal(events("control.hearing_again").length, 1);
-      await until("a new stretch in the store", () =>
-        lines.some((l) => l.includes("control.hearing_begins")),
-      );
+      await until("a new stretch in the store", () => events("control.hearing_begins").length > beginsBefore);
       const afterDeafness = await store.hearing.read();
       assert.ok(afterDeafness !== undefined);
       assert.notEqual(afterDeafness.since, begun, "the deaf time is a gap");
