@@ -1,12 +1,19 @@
 /**
- * Failover: the time from killing the lease holder (kill -9) to the next controller acting, over several trials,
- * with two `mesh serve` processes on one operator-mode nats-server and one store. One part of `npm run bench`
- * (`--only failover` runs it alone, with 10 trials on the production lease timings).
+ * Failover: the time from killing the lease holder (kill -9) to the next controller acting, and from the killed
+ * holder's lease expiring to the next controller acting, over several trials, with two `mesh serve` processes on one
+ * operator-mode nats-server and one store. One part of `npm run bench` (`--only failover` runs it alone, with 10
+ * trials on the production lease timings).
  */
 import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { connect, jwtAuthenticator } from "@nats-io/transport-node";
+import { Kvm } from "@nats-io/kv";
+import { openNatsIdentities } from "../src/bus/index.js";
+import { leaseBucket } from "../src/bus/nats/lease-kv.js";
+import { parseHolderRecord } from "../src/link/index.js";
 import { startBenchBroker } from "./broker.js";
 
 export interface FailoverSettings {
@@ -17,7 +24,13 @@ export interface FailoverSettings {
   log: (line: string) => void;
 }
 
-export async function runFailover(values: FailoverSettings): Promise<number[]> {
+/** Each trial's two figures, in ms: kill -9 → next acting, and the killed holder's lease expiry → next acting. */
+export interface FailoverTimes {
+  killToActMs: number[];
+  expiryToActMs: number[];
+}
+
+export async function runFailover(values: FailoverSettings): Promise<FailoverTimes> {
   const trials = values.trials;
   const root = new URL("../", import.meta.url).pathname;
   const env = {
@@ -32,7 +45,8 @@ export async function runFailover(values: FailoverSettings): Promise<number[]> {
 
   interface Controller {
     pid: number;
-    serving: Promise<number>;
+    /** When it began to act: when this process read its `control.serving` line, and the time the line says. */
+    serving: Promise<{ seenAt: number; saidAt: number }>;
     kill(signal: NodeJS.Signals): void;
     exited: Promise<unknown>;
   }
@@ -43,10 +57,16 @@ export async function runFailover(values: FailoverSettings): Promise<number[]> {
       stdio: ["ignore", "ignore", "pipe"],
     });
     let err = "";
-    const serving = new Promise<number>((resolve) => {
+    const serving = new Promise<{ seenAt: number; saidAt: number }>((resolve) => {
       child.stderr.on("data", (chunk: Buffer) => {
         err += chunk.toString("utf8");
-        if (err.includes('"event":"control.serving"')) resolve(Date.now());
+        // Whole lines only: a chunk may end inside one.
+        const line = err
+          .split("\n")
+          .slice(0, -1)
+          .find((text) => text.includes('"event":"control.serving"'));
+        if (line !== undefined)
+          resolve({ seenAt: Date.now(), saidAt: Date.parse((JSON.parse(line) as { at: string }).at) });
       });
     });
     return {
@@ -58,10 +78,13 @@ export async function runFailover(values: FailoverSettings): Promise<number[]> {
   }
 
   const server = await startBenchBroker("nats", data, dir);
-  const times: number[] = [];
+  const times: FailoverTimes = { killToActMs: [], expiryToActMs: [] };
+  let nc: NatsConnection | undefined;
   try {
     let holder = startController(server.url);
     await holder.serving;
+    nc = await connectAsControl(data, server.url);
+    const lease = await new Kvm(nc).open(leaseBucket);
     for (let trial = 1; trial <= trials; trial++) {
       const standby = startController(server.url);
       // Let the standby settle into waiting before the holder dies.
@@ -69,17 +92,42 @@ export async function runFailover(values: FailoverSettings): Promise<number[]> {
       const killedAt = Date.now();
       holder.kill("SIGKILL");
       await holder.exited;
-      const actedAt = await standby.serving;
-      times.push(actedAt - killedAt);
-      values.log(`failover trial ${trial}: ${actedAt - killedAt} ms`);
+      // The killed holder's last renewal, read before the standby can take it (that waits for this expiry).
+      const entry = await lease.get("holder");
+      const left = entry?.operation === "PUT" ? parseHolderRecord(entry.string(), leaseBucket) : undefined;
+      if (entry === null || left?.pid !== holder.pid || left.ttl_ms === undefined) {
+        throw new Error(
+          `failover trial ${trial}: the lease is not the killed holder's (${entry?.string() ?? "none"})`,
+        );
+      }
+      const expiredAt = entry.created.getTime() + left.ttl_ms;
+      const acted = await standby.serving;
+      times.killToActMs.push(acted.seenAt - killedAt);
+      // By the times the broker and the new holder wrote (one machine, one clock), not when this process heard.
+      times.expiryToActMs.push(acted.saidAt - expiredAt);
+      values.log(
+        `failover trial ${trial}: kill → acting ${acted.seenAt - killedAt} ms, expiry → acting ${acted.saidAt - expiredAt} ms`,
+      );
       holder = standby;
     }
     holder.kill("SIGTERM");
     await holder.exited;
   } finally {
+    await nc?.close();
     await server.stop();
     rmSync(dir, { recursive: true, force: true });
   }
 
   return times;
+}
+
+/** A connection as the control plane's identity, as `mesh serve` makes one. */
+async function connectAsControl(data: string, url: string): Promise<NatsConnection> {
+  const identities = openNatsIdentities(data, url);
+  const identity = await identities.controlIdentity();
+  await identities.close();
+  return connect({
+    servers: url,
+    authenticator: jwtAuthenticator(identity.jwt, new TextEncoder().encode(identity.seed)),
+  });
 }

@@ -29,6 +29,11 @@ export function epochOf(record: LeaseRecord): number {
 export interface LeaseRecord {
   holder: HolderInfo;
   revision: number;
+  /**
+   * When this holding ends unless it is renewed, by the wall clock (ms since 1970): the store's time of the last
+   * take or renewal + the holder's life. A standby waits for it; the store still judges whether a take may happen.
+   */
+  expiresAt?: number;
 }
 
 /**
@@ -57,13 +62,22 @@ export interface LeaseBackend {
    */
   raiseAbove(floor: number): Promise<boolean>;
   /**
-   * Resolves when the record may have changed (a holder gave the lease back or took it), and at the latest after
-   * `withinMs`: expiry by age is not announced by every store, so a standby looks again at least that often.
-   * Resolves with a note for the log when the watch it relies on had failed.
+   * Resolves when the record may have changed (a holder gave the lease back, took it or renewed it), and at the
+   * latest after `withinMs`: expiry by age is not announced by every store, so a standby sets its own time. Says
+   * which it was, or that the watch it relies on had failed.
    */
-  changed(withinMs: number): Promise<string | undefined>;
+  changed(withinMs: number): Promise<LeaseWake>;
   close(): Promise<void>;
 }
+
+/** What ended a standby's wait on the lease's store. */
+export type LeaseWake =
+  /** The record changed, or may have: look again now. */
+  | { by: "change" }
+  /** The time asked for passed with nothing announced. */
+  | { by: "time" }
+  /** The watch had ended (the note says why, for the log); a new one is opened at the next wait. */
+  | { by: "watch_failed"; note: string };
 
 /** Every duration of the lease, in milliseconds. Production: renew every 5 s, TTL 15 s, stop acting 3 s early. */
 export interface LeaseTimings {
@@ -77,4 +91,30 @@ export const defaultLeaseTimings: LeaseTimings = { renewEveryMs: 5000, ttlMs: 15
 /** Whether a holder whose last successful renewal began at `renewedAt` may still act at `now` (both monotonic). */
 export function gateOpen(renewedAt: number, now: number, timings: LeaseTimings): boolean {
   return now < renewedAt + timings.ttlMs - timings.marginMs;
+}
+
+/**
+ * How long after a holding's end a standby looks: a timer may fire a millisecond early by the wall clock, and a take
+ * tried before the end is only refused (and tried again), so a moment later is sooner on the whole.
+ */
+export const lookAfterExpiryMs = 2;
+
+/** What a standby waits for before it tries the lease again, and for how long. */
+export interface StandbyWait {
+  ms: number;
+  until: "expiry" | "period";
+}
+
+/**
+ * How long a standby waits before it tries the lease again: until the current holding ends (`expiresAt`, by the
+ * wall clock like `now`) when that comes within a renewal period, else one renewal period. A live holder renews
+ * within the period, which wakes a watching standby to wait again from the new end; a store that announces
+ * nothing (a SQL row) is looked at that often, so a lease given back there is taken within a period.
+ */
+export function standbyWait(expiresAt: number | undefined, now: number, renewEveryMs: number): StandbyWait {
+  if (expiresAt === undefined) return { ms: renewEveryMs, until: "period" };
+  const untilExpiry = Math.max(0, expiresAt - now) + lookAfterExpiryMs;
+  return untilExpiry <= renewEveryMs
+    ? { ms: untilExpiry, until: "expiry" }
+    : { ms: renewEveryMs, until: "period" };
 }

@@ -7,7 +7,8 @@ import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
 import type { EpochRecord } from "./holder.js";
 import { LeaseHolder } from "./holder.js";
-import type { HolderInfo, LeaseBackend, LeaseTimings } from "./lease.js";
+import type { HolderInfo, LeaseBackend, LeaseRecord, LeaseTimings, LeaseWake } from "./lease.js";
+import { standbyWait } from "./lease.js";
 
 /** Where controllers acting without an epoch are kept, so every command can see it (the store's no-epoch table). */
 export interface NoEpochRecord {
@@ -96,6 +97,10 @@ export class Standing {
   async obtain(): Promise<Obtained> {
     const { backend, log, timings } = this.options;
     let announced = false;
+    // The holding last seen while standing by, and what ended the last wait: said when the lease is taken over.
+    let seen: LeaseRecord | undefined;
+    let woken: StandbyWoken | undefined;
+    let lookedAgainAtOnce = false;
     for (;;) {
       if (this.stopping) return "stopping";
       let taken: boolean;
@@ -125,19 +130,39 @@ export class Standing {
         continue;
       }
       if (taken) {
+        if (woken !== undefined) log.info("lease.taken_over", takenOver(seen, woken));
         this.watchGate();
         return "holder";
       }
+      const current = await backend.read().catch((error: unknown) => {
+        log.warn("lease.unreadable", { error: errorText(error), note: "looking again in a renewal period" });
+        return "unknown" as const;
+      });
       if (!announced) {
-        log.info("lease.standby", { holder: (await backend.read())?.holder ?? null });
+        log.info("lease.standby", { holder: current === "unknown" ? "unknown" : (current?.holder ?? null) });
         announced = true;
       }
-      // Woken at once when the holder gives the lease back; an expiry is seen within one renewal period.
-      const note = await backend.changed(timings.renewEveryMs).catch(async (error: unknown) => {
+      // Refused, yet nobody holds it now: given back or aged out since the take was refused. Tried again at once,
+      // but not twice in a row, so a store whose answers disagree is not asked in a loop.
+      if (current === undefined && !lookedAgainAtOnce) {
+        lookedAgainAtOnce = true;
+        continue;
+      }
+      lookedAgainAtOnce = false;
+      if (current !== undefined && current !== "unknown") seen = current;
+      // Until the holding ends, or one renewal period; woken at once when the holder gives the lease back (or
+      // renews it: then the wait starts again from the new end).
+      const wait = standbyWait(
+        current === "unknown" ? undefined : current?.expiresAt,
+        this.now().getTime(),
+        timings.renewEveryMs,
+      );
+      const wake = await backend.changed(wait.ms).catch(async (error: unknown): Promise<LeaseWake> => {
         await new Promise((resolve) => setTimeout(resolve, timings.renewEveryMs));
-        return `the lease could not be watched: ${errorText(error)}`;
+        return { by: "watch_failed", note: `the lease could not be watched: ${errorText(error)}` };
       });
-      if (note !== undefined) log.warn("lease.watch_failed", { note });
+      if (wake.by === "watch_failed") log.warn("lease.watch_failed", { note: wake.note });
+      woken = wake.by === "time" ? wait.until : wake.by;
     }
   }
 
@@ -232,4 +257,16 @@ export class Standing {
       seen_at: at,
     });
   }
+}
+
+/** What ended a standby's last wait: the holding's end, a renewal period, a change the store announced, or none. */
+type StandbyWoken = "expiry" | "period" | "change" | "watch_failed";
+
+/** What a standby says when it took the lease over: why it looked, and when the holding it waited on ended. */
+function takenOver(seen: LeaseRecord | undefined, woken: StandbyWoken): Record<string, unknown> {
+  return {
+    woken_by: woken,
+    previous_holder: seen?.holder.id ?? null,
+    previous_expiry: seen?.expiresAt === undefined ? null : new Date(seen.expiresAt).toISOString(),
+  };
 }

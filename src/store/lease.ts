@@ -4,7 +4,7 @@
  * the lease's margin (NTP does).
  */
 import type { Kysely } from "kysely";
-import type { HolderInfo, LeaseBackend, LeaseRecord } from "../lease/lease.js";
+import type { HolderInfo, LeaseBackend, LeaseRecord, LeaseWake } from "../lease/lease.js";
 import { parseHolderRecord } from "../link/index.js";
 import type { Database } from "./schema.js";
 
@@ -77,7 +77,11 @@ export class SqlLease implements LeaseBackend {
       .where("expires_at", ">", this.now().toISOString())
       .executeTakeFirst();
     if (current?.holder == null) return undefined;
-    return { holder: parseHolderRecord(current.holder, this.where), revision: current.revision };
+    return {
+      holder: parseHolderRecord(current.holder, this.where),
+      revision: current.revision,
+      ...(current.expires_at === null ? {} : { expiresAt: Date.parse(current.expires_at) }),
+    };
   }
 
   async raiseAbove(floor: number): Promise<boolean> {
@@ -96,7 +100,7 @@ export class SqlLease implements LeaseBackend {
   }
 
   /** A row announces nothing: a standby reads it again after `withinMs`. */
-  async changed(withinMs: number): Promise<undefined> {
-    return new Promise((resolve) => setTimeout(() => resolve(undefined), withinMs));
+  async changed(withinMs: number): Promise<LeaseWake> {
+    return new Promise((resolve) => setTimeout(() => resolve({ by: "time" }), withinMs));
   }
 }

@@ -10,6 +10,7 @@ import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { NatsKvLease } from "../../src/bus/nats/lease-kv.js";
 import { LeaseHolder } from "../../src/lease/holder.js";
+import { Standing } from "../../src/lease/standing.js";
 import type { HolderInfo, LeaseBackend, LeaseTimings } from "../../src/lease/lease.js";
 import { createLogger } from "../../src/log.js";
 import type { Store } from "../../src/store/index.js";
@@ -178,6 +179,35 @@ for (const fixture of fixtures) {
       assert.ok(next !== undefined && next > known, `epoch ${next} is above the floor ${known}`);
       assert.equal(await fresh.raiseAbove(known), false, "nothing to raise once above");
       assert.ok(next !== undefined && (await fresh.release(next)));
+    });
+
+    test("lease — a standby takes a lease left unrenewed when the holding ends by the store's record, not a renewal period later", async () => {
+      const lease = await f.backend();
+      const left = await lease.take({ ...holder("killed"), ttl_ms: timings.ttlMs });
+      assert.ok(left !== undefined);
+      const end = (await lease.read())?.expiresAt;
+      assert.ok(end !== undefined, "the store tells when the holding ends");
+      const lines: string[] = [];
+      const standby = new Standing({
+        backend: await f.backend(),
+        epochs: f.store.epochs,
+        noEpoch: { raise: () => Promise.resolve(), clear: () => Promise.resolve() },
+        // A renewal period of a minute: a standby that only looked again each period would not have taken it yet.
+        timings: { ...timings, renewEveryMs: 60_000 },
+        holder: holder("standby"),
+        log: createLogger({ write: (line) => lines.push(line), pretty: false }),
+        noEpochLogEveryMs: 60_000,
+      });
+      assert.equal(await standby.obtain(), "holder");
+      const taken = await lease.read();
+      assert.equal(taken?.holder.id, "standby");
+      assert.ok(taken.revision > left);
+      // When the store wrote the take (its end less its life): never before the holding it replaced had ended.
+      const takenAt = (taken.expiresAt ?? 0) - timings.ttlMs;
+      assert.ok(takenAt >= end, `taken at ${takenAt}, the holding ended at ${end}`);
+      const said = lines.find((line) => line.includes('"event":"lease.taken_over"'));
+      assert.equal((JSON.parse(said ?? "{}") as { woken_by?: string }).woken_by, "expiry", lines.join("\n"));
+      await standby.giveBack();
     });
 
     test("lease — the holder acts only until its last renewal + TTL − margin, and a refused renewal is a loss", async () => {

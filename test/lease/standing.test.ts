@@ -66,6 +66,46 @@ describe("standing on the lease", () => {
     await standing.giveBack();
   });
 
+  test("standing — a holder that stopped renewing is taken over when its holding ends, not a renewal period later", async () => {
+    const lease = new MemoryLease();
+    const end = Date.now() + 150;
+    lease.heldBy("killed", end);
+    const takenAt: number[] = [];
+    const take = lease.take.bind(lease);
+    lease.take = async (holder) => {
+      const revision = await take(holder);
+      if (revision !== undefined) takenAt.push(Date.now());
+      return revision;
+    };
+    // A renewal period of a minute: a standby that only looked again each period would not have taken it yet.
+    const { standing, events } = standingOn(lease, { timings: { ...timings, renewEveryMs: 60_000 } });
+    assert.equal(await standing.obtain(), "holder");
+    assert.equal(lease.record?.holder.id, "me");
+    assert.ok((takenAt[0] ?? 0) >= end, "never taken before the holding's end");
+    const [line] = events("lease.taken_over");
+    const said = JSON.parse(line ?? "{}") as Record<string, unknown>;
+    assert.equal(said.woken_by, "expiry");
+    assert.equal(said.previous_holder, "killed");
+    assert.equal(said.previous_expiry, new Date(end).toISOString());
+    await standing.giveBack();
+  });
+
+  test("standing — a renewal wakes the standby, which then waits for the renewed holding's end", async () => {
+    const lease = new MemoryLease();
+    lease.heldBy("other", Date.now() + 30_000);
+    const { standing, events } = standingOn(lease, { timings: { ...timings, renewEveryMs: 60_000 } });
+    const obtained = standing.obtain();
+    while (events("lease.standby").length === 0) await new Promise((resolve) => setTimeout(resolve, 5));
+    // Renewed on a shorter life: only a standby that looked again after the renewal knows its end.
+    const renewedEnd = Date.now() + 100;
+    lease.heldBy("other", renewedEnd);
+    assert.equal(await obtained, "holder");
+    const said = JSON.parse(events("lease.taken_over")[0] ?? "{}") as Record<string, unknown>;
+    assert.equal(said.woken_by, "expiry");
+    assert.equal(said.previous_expiry, new Date(renewedEnd).toISOString());
+    await standing.giveBack();
+  });
+
   test("standing — a stop ends the wait of a standby", async () => {
     const lease = new MemoryLease();
     lease.heldBy("other");

@@ -3,7 +3,7 @@
  * contract as the real stores, with switches to make it refuse writes or reads.
  */
 import type { EpochRecord } from "../../src/lease/holder.js";
-import type { HolderInfo, LeaseBackend, LeaseRecord } from "../../src/lease/lease.js";
+import type { HolderInfo, LeaseBackend, LeaseRecord, LeaseWake } from "../../src/lease/lease.js";
 
 export class MemoryLease implements LeaseBackend {
   readonly where = "memory";
@@ -17,7 +17,7 @@ export class MemoryLease implements LeaseBackend {
 
   take(holder: HolderInfo): Promise<number | undefined> {
     if (this.refuseWrites !== undefined) return Promise.reject(new Error(this.refuseWrites));
-    if (this.record !== undefined) return Promise.resolve(undefined);
+    if (this.held() !== undefined) return Promise.resolve(undefined);
     this.revision++;
     this.record = { holder, revision: this.revision };
     this.changedNow();
@@ -29,6 +29,8 @@ export class MemoryLease implements LeaseBackend {
     if (this.record?.revision !== revision) return Promise.resolve(undefined);
     this.revision++;
     this.record = { holder, revision: this.revision };
+    // As a NATS bucket's watch does: a standby waiting for this holding's end waits again from the new one.
+    this.changedNow();
     return Promise.resolve(this.revision);
   }
 
@@ -42,7 +44,13 @@ export class MemoryLease implements LeaseBackend {
 
   read(): Promise<LeaseRecord | undefined> {
     if (this.refuseReads !== undefined) return Promise.reject(new Error(this.refuseReads));
-    return Promise.resolve(this.record);
+    return Promise.resolve(this.held());
+  }
+
+  /** The record while its holding lasts: one with an end is nobody's from that moment (by this clock). */
+  private held(): LeaseRecord | undefined {
+    const end = this.record?.expiresAt;
+    return end !== undefined && end <= Date.now() ? undefined : this.record;
   }
 
   raiseAbove(floor: number): Promise<boolean> {
@@ -51,22 +59,26 @@ export class MemoryLease implements LeaseBackend {
     return Promise.resolve(true);
   }
 
-  changed(withinMs: number): Promise<string | undefined> {
+  changed(withinMs: number): Promise<LeaseWake> {
     return new Promise((resolve) => {
-      const timer = setTimeout(() => resolve(undefined), withinMs);
+      const timer = setTimeout(() => resolve({ by: "time" }), withinMs);
       this.wake.push(() => {
         clearTimeout(timer);
-        resolve(undefined);
+        resolve({ by: "change" });
       });
     });
   }
 
-  /** Someone else holds the lease from now (a controller elsewhere). */
-  heldBy(id: string): void {
+  /**
+   * Someone else holds the lease from now (a controller elsewhere); with `expiresAt` (wall clock, ms), until then:
+   * a holder that stops renewing, as a killed one does.
+   */
+  heldBy(id: string, expiresAt?: number): void {
     this.revision++;
     this.record = {
       holder: { id, host: "elsewhere", pid: 1, taken_at: new Date().toISOString() },
       revision: this.revision,
+      ...(expiresAt === undefined ? {} : { expiresAt }),
     };
     this.changedNow();
   }

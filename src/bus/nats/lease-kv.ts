@@ -10,7 +10,7 @@ import { jetstream, JetStreamApiError, jetstreamManager } from "@nats-io/jetstre
 import type { KV, KvEntry, KvWatchEntry } from "@nats-io/kv";
 import { Kvm, KvWatchInclude } from "@nats-io/kv";
 import type { QueuedIterator } from "@nats-io/transport-node";
-import type { HolderInfo, LeaseBackend, LeaseRecord } from "../../lease/lease.js";
+import type { HolderInfo, LeaseBackend, LeaseRecord, LeaseWake } from "../../lease/lease.js";
 import { parseHolderRecord } from "../../link/index.js";
 import { BusError } from "../errors.js";
 import { noAnswer } from "./connect.js";
@@ -123,7 +123,9 @@ export class NatsKvLease implements LeaseBackend {
     if (entry === null || entry.operation !== "PUT") return undefined;
     const holder = this.holderOf(entry);
     if (outlived(entry, holder)) return undefined;
-    return { holder, revision: entry.revision };
+    // A holder that wrote no life of its own ages out with the bucket's, which is ours.
+    const expiresAt = entry.created.getTime() + (holder.ttl_ms ?? this.ttlMs);
+    return { holder, revision: entry.revision, expiresAt };
   }
 
   /** The holder an entry names, checked: a damaged record is an error naming the bucket, not a holder. */
@@ -147,19 +149,21 @@ export class NatsKvLease implements LeaseBackend {
     return true;
   }
 
-  async changed(withinMs: number): Promise<string | undefined> {
+  async changed(withinMs: number): Promise<LeaseWake> {
     const failure = this.watchFailure;
     this.watchFailure = undefined;
-    if (failure !== undefined) return `the watch on the lease ended (${failure}); watching again`;
+    if (failure !== undefined)
+      return { by: "watch_failed", note: `the watch on the lease ended (${failure}); watching again` };
     if (this.watcher === undefined) this.watcher = await this.watch();
-    return new Promise<undefined>((resolve) => {
-      const wake = () => {
+    return new Promise<LeaseWake>((resolve) => {
+      const wake = (by: "change" | "time") => {
         clearTimeout(timer);
-        this.waiting.delete(wake);
-        resolve(undefined);
+        this.waiting.delete(changed);
+        resolve({ by });
       };
-      const timer = setTimeout(wake, withinMs);
-      this.waiting.add(wake);
+      const changed = () => wake("change");
+      const timer = setTimeout(() => wake("time"), withinMs);
+      this.waiting.add(changed);
     });
   }
 
