@@ -37,6 +37,11 @@ export interface BenchBroker {
   version: string;
   /** The broker's process, for its CPU; undefined when it cannot be told apart. */
   pid: number | undefined;
+  /**
+   * Set when the bench restarted the machine's broker with a higher file-descriptor limit for its run (RabbitMQ:
+   * one connection per node); `stop` restarts it with the limit it had.
+   */
+  fdLimitRaised?: { from: number; to: number };
   /** The broker's share of a join: a token's identity connecting as the mesh connects it, and leaving. */
   connectAndLeave(token: string): Promise<void>;
   /**
@@ -211,16 +216,26 @@ async function startNats(data: string, dir: string): Promise<BenchBroker> {
 async function startRabbit(nodes: number): Promise<BenchBroker> {
   const admin = new URL(rabbitApi);
   // Every node holds a connection of its own, and a RabbitMQ out of file descriptors breaks for everyone on it
-  // (its internal database stops): refused here instead.
-  const [node] = (await fetch(`${admin.origin}/api/nodes`, { headers: { authorization: basic(admin) } }).then(
-    (response) => response.json(),
-  )) as Array<{ fd_total?: number; fd_used?: number }>;
-  const free = (node?.fd_total ?? 0) - (node?.fd_used ?? 0);
-  if (free < nodes + 100) {
-    throw new Error(
-      `RabbitMQ here has ${free} free file descriptors and ${nodes} nodes need a connection each: ` +
-        "start it with a higher limit (ulimit -n) or bench fewer --nodes",
+  // (its internal database stops). The machine's RabbitMQ starts with 1,024 (its service user's default): for a
+  // larger fleet the bench restarts it with a higher limit for the run, says so, and gives the old one back after.
+  let fds = await rabbitFds(admin);
+  let fdLimitRaised: { from: number; to: number } | undefined;
+  if (fds.free < nodes + 100) {
+    const to = Math.max(8192, 2 * (nodes + 100));
+    if (beamPid() === undefined || process.getuid?.() !== 0) {
+      throw new Error(
+        `RabbitMQ here has ${fds.free} free file descriptors and ${nodes} nodes need a connection each: ` +
+          "start it with a higher limit (ulimit -n) or bench fewer --nodes",
+      );
+    }
+    process.stdout.write(
+      `RabbitMQ: restarting it with ${to} file descriptors for this run (it had ${fds.total})\n`,
     );
+    await restartRabbit(admin, to);
+    fdLimitRaised = { from: fds.total, to };
+    fds = await rabbitFds(admin);
+    if (fds.free < nodes + 100)
+      throw new Error(`RabbitMQ has ${fds.free} free file descriptors after its restart`);
   }
   const vhost = `mesh_bench_${process.pid}_${randomBytes(4).toString("hex")}`;
   const api = new RabbitManagement(rabbitApi);
@@ -251,6 +266,7 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
     url,
     version: `RabbitMQ ${overview.rabbitmq_version ?? "unknown"}`,
     pid: beamPid(),
+    ...(fdLimitRaised === undefined ? {} : { fdLimitRaised }),
     connectAndLeave: (token) => connectAndLeave(token),
     joinAlone: {
       one: async (token, index) => {
@@ -356,8 +372,62 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
         if (user.startsWith(`${users.prefix}.`)) await api.deleteUser(user);
       }
       await api.deleteVhost(vhost);
+      if (fdLimitRaised !== undefined) {
+        process.stdout.write(`RabbitMQ: restarting it with its own ${fdLimitRaised.from} file descriptors\n`);
+        await restartRabbit(admin, undefined);
+      }
     },
   };
+}
+
+/** The broker's file descriptors, as its management API counts them (a few seconds after a start). */
+async function rabbitFds(admin: URL): Promise<{ total: number; free: number }> {
+  for (let attempt = 0; ; attempt++) {
+    const [node] = (await fetch(`${admin.origin}/api/nodes`, {
+      headers: { authorization: basic(admin) },
+    }).then((response) => response.json())) as Array<{ fd_total?: number; fd_used?: number }>;
+    if (node?.fd_total !== undefined && node.fd_used !== undefined)
+      return { total: node.fd_total, free: node.fd_total - node.fd_used };
+    if (attempt === 60) throw new Error("RabbitMQ's management API gives no file-descriptor figures");
+    await new Promise((resolve) => setTimeout(resolve, 500));
+  }
+}
+
+/**
+ * Stops the machine's RabbitMQ and starts it again as its own user with `limit` file descriptors, or as the machine
+ * starts it (undefined: its own limits back), then waits for its management API. A raised limit is started through
+ * setpriv, not su: su's PAM session would put the soft limit back to 1,024.
+ */
+async function restartRabbit(admin: URL, limit: number | undefined): Promise<void> {
+  const { execFileSync } = await import("node:child_process");
+  execFileSync("rabbitmqctl", ["stop"], { stdio: "ignore" });
+  if (limit === undefined) execFileSync("rabbitmq-server", ["-detached"], { stdio: "ignore" });
+  else
+    execFileSync(
+      "setpriv",
+      [
+        "--reuid=rabbitmq",
+        "--regid=rabbitmq",
+        "--init-groups",
+        "--reset-env",
+        "sh",
+        "-c",
+        `ulimit -n ${limit} && exec /usr/sbin/rabbitmq-server -detached`,
+      ],
+      { stdio: "ignore" },
+    );
+  for (let attempt = 0; ; attempt++) {
+    const up = await fetch(`${admin.origin}/api/overview`, { headers: { authorization: basic(admin) } }).then(
+      (response) => response.ok,
+      (error: unknown) => {
+        // Refused until the broker and its plugin are up: asked again below.
+        if (attempt === 120) throw error;
+        return false;
+      },
+    );
+    if (up) return;
+    await new Promise((resolve) => setTimeout(resolve, 500));
+  }
 }
 
 /** A token's identity connecting as `mesh-host join` connects it, and leaving at once. */

@@ -2,14 +2,33 @@
  * The RabbitMQ management HTTP API, for what AMQP itself cannot do: users, their permissions on the mesh's vhost,
  * and the vhost. Every failure names the call and what the broker answered.
  */
+import http from "node:http";
+import https from "node:https";
 import { z } from "zod";
 import { BusError } from "../errors.js";
 import { controlQueue, escapeRegex } from "../../link/index.js";
 import type { RabbitPermissions } from "../../link/index.js";
 import { controlQueueBacklogBytes } from "../../link/limits.js";
 
+/** A whole answer of the management API: its status and its body, read to the end. */
+interface Answer {
+  status: number;
+  ok: boolean;
+  text: string;
+}
+
+/** How long one call may take before it counts as the API being unreachable. */
+const callTimeoutMs = 10_000;
+/**
+ * Connections kept open to the API: a join makes several calls, and a new connection for each (TCP set-up on both
+ * sides, a new handler process in the broker) cost more than the call. Bounded, because each is a file descriptor
+ * of the broker's, which its AMQP connections need.
+ */
+const apiSockets = 16;
+
 export class RabbitManagement {
-  private readonly base: string;
+  private readonly base: URL;
+  private readonly agent: http.Agent;
   private readonly authorization: string;
   /** The API's address without its password, for messages. */
   readonly shown: string;
@@ -35,8 +54,12 @@ export class RabbitManagement {
     ).toString("base64")}`;
     url.username = "";
     url.password = "";
-    this.base = `${url.origin}${url.pathname.replace(/\/$/, "")}/api`;
+    this.base = new URL(`${url.origin}${url.pathname.replace(/\/$/, "")}/api`);
     this.shown = url.origin;
+    // Idle connections closed well before the broker closes them (its own idle timeout), so a call rarely meets a
+    // connection the broker is closing at that moment; one that does is made again (see `request`).
+    const agentOptions = { keepAlive: true, maxSockets: apiSockets, timeout: 30_000 };
+    this.agent = url.protocol === "https:" ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
   }
 
   async ensureVhost(vhost: string): Promise<void> {
@@ -79,11 +102,8 @@ export class RabbitManagement {
     let deleted = 0;
     while (rest.length > 0) {
       const response = await this.request("POST", "/users/bulk-delete", { users: rest }, [400]);
-      if (response.ok) {
-        await response.arrayBuffer();
-        return deleted + rest.length;
-      }
-      const text = await response.text();
+      if (response.ok) return deleted + rest.length;
+      const text = response.text;
       const refused = () =>
         `the RabbitMQ management API refused POST /users/bulk-delete: 400 ${text.slice(0, 300)}`;
       let answer: unknown;
@@ -104,7 +124,7 @@ export class RabbitManagement {
   /** The names of every user on the broker. */
   async users(): Promise<string[]> {
     const response = await this.request("GET", "/users?columns=name");
-    const body = await answerOf(response, "GET /users", usersAnswer);
+    const body = answerOf(response, "GET /users", usersAnswer);
     return body.map((user) => user.name);
   }
 
@@ -130,7 +150,7 @@ export class RabbitManagement {
   ): Promise<{ consumers: number; messages: number; active_consumer?: string } | undefined> {
     const response = await this.request("GET", `/queues/${enc(vhost)}/${enc(queue)}`, undefined, [404]);
     if (response.status === 404) return undefined;
-    const body = await answerOf(response, "GET /queues", queueAnswer);
+    const body = answerOf(response, "GET /queues", queueAnswer);
     return {
       consumers: body.consumers ?? 0,
       messages: body.messages ?? 0,
@@ -144,14 +164,14 @@ export class RabbitManagement {
   /** The connections of one user: what deleting a user closes. */
   async connectionsOf(user: string): Promise<number> {
     const response = await this.request("GET", "/connections?columns=user");
-    const body = await answerOf(response, "GET /connections", connectionsAnswer);
+    const body = answerOf(response, "GET /connections", connectionsAnswer);
     return body.filter((connection) => connection.user === user).length;
   }
 
   /** The connections open on a vhost, by name and user. The broker lists a new connection some seconds late. */
   async connectionsIn(vhost: string): Promise<{ name: string; user: string }[]> {
     const response = await this.request("GET", `/vhosts/${enc(vhost)}/connections?columns=name,user`);
-    const body = await answerOf(response, "GET /vhosts/…/connections", connectionsAnswer);
+    const body = answerOf(response, "GET /vhosts/…/connections", connectionsAnswer);
     return body.flatMap((connection) =>
       // A connection still opening is listed before its name and user are known: it is not one to report yet.
       connection.name !== undefined && connection.user !== undefined
@@ -172,8 +192,12 @@ export class RabbitManagement {
     options: { missingIsFine?: boolean } = {},
   ): Promise<boolean> {
     const response = await this.request(method, path, body, options.missingIsFine === true ? [404] : []);
-    await response.arrayBuffer();
     return response.status !== 404;
+  }
+
+  /** Closes the connections kept open to the API (a process that is done with it need not wait for them). */
+  close(): void {
+    this.agent.destroy();
   }
 
   /** One call; a status outside 2xx is an error unless `answers` lists it as an answer for the caller to read. */
@@ -182,15 +206,10 @@ export class RabbitManagement {
     path: string,
     body?: unknown,
     answers: readonly number[] = [],
-  ): Promise<Response> {
-    let response: Response;
+  ): Promise<Answer> {
+    let response: Answer;
     try {
-      response = await fetch(`${this.base}${path}`, {
-        method,
-        headers: { authorization: this.authorization, "content-type": "application/json" },
-        ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-        signal: AbortSignal.timeout(10_000),
-      });
+      response = await this.send(method, path, body === undefined ? undefined : JSON.stringify(body));
     } catch (error) {
       throw new BusError(
         "broker_unreachable",
@@ -200,11 +219,64 @@ export class RabbitManagement {
       );
     }
     if (response.ok || answers.includes(response.status)) return response;
-    const text = (await response.text()).slice(0, 300);
+    const text = response.text.slice(0, 300);
     throw new BusError(
       response.status === 401 ? "broker_refused_identity" : "broker",
       `the RabbitMQ management API refused ${method} ${path.split("?")[0]}: ${response.status} ${text}`,
     );
+  }
+
+  /**
+   * Sends one request on a kept connection and reads its whole answer. A kept connection the broker closed just as
+   * it was reused fails before any answer: the call is made once more on a new one (every call here is idempotent).
+   */
+  private send(method: string, path: string, body: string | undefined, retried = false): Promise<Answer> {
+    const url = new URL(`${this.base.pathname}${path}`, this.base);
+    const client = url.protocol === "https:" ? https : http;
+    return new Promise<Answer>((resolve, reject) => {
+      const request = client.request(
+        url,
+        {
+          method,
+          agent: this.agent,
+          headers: {
+            authorization: this.authorization,
+            "content-type": "application/json",
+            ...(body === undefined ? {} : { "content-length": Buffer.byteLength(body) }),
+          },
+        },
+        (response) => {
+          const chunks: Buffer[] = [];
+          response.on("data", (chunk: Buffer) => chunks.push(chunk));
+          response.on("error", (error) => {
+            clearTimeout(timer);
+            reject(error);
+          });
+          response.on("end", () => {
+            clearTimeout(timer);
+            const status = response.statusCode ?? 0;
+            resolve({
+              status,
+              ok: status >= 200 && status < 300,
+              text: Buffer.concat(chunks).toString("utf8"),
+            });
+          });
+        },
+      );
+      const timer = setTimeout(
+        () => request.destroy(new Error(`no answer within ${callTimeoutMs} ms`)),
+        callTimeoutMs,
+      );
+      request.on("error", (error: NodeJS.ErrnoException) => {
+        clearTimeout(timer);
+        if (request.reusedSocket && error.code === "ECONNRESET" && !retried) {
+          resolve(this.send(method, path, body, true));
+          return;
+        }
+        reject(error);
+      });
+      request.end(body);
+    });
   }
 }
 
@@ -243,8 +315,8 @@ const connectionsAnswer = z.array(z.object({ name: z.string().optional(), user: 
 const missingUserAnswer = z.object({ reason: z.tuple([z.literal("no_such_user"), z.string()]) });
 
 /** The answer's body, checked against what the mesh reads from it; an answer of another shape names the call. */
-async function answerOf<T>(response: Response, call: string, schema: z.ZodType<T>): Promise<T> {
-  const text = await response.text();
+function answerOf<T>(response: Answer, call: string, schema: z.ZodType<T>): T {
+  const text = response.text;
   let value: unknown;
   try {
     value = JSON.parse(text);
