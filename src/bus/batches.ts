@@ -43,21 +43,3 @@ export class Arrivals<T> {
     }
   }
 }
-
-/** The batches of an async source (a consumer's message iterator); a failure of the source ends them with it. */
-export async function* inBatches<T>(source: AsyncIterable<T>, max: number): AsyncGenerator<T[]> {
-  const arrivals = new Arrivals<T>();
-  let failure: { error: unknown } | undefined;
-  const pump = (async () => {
-    try {
-      for await (const item of source) arrivals.push(item);
-    } catch (error) {
-      failure = { error };
-    } finally {
-      arrivals.end();
-    }
-  })();
-  yield* arrivals.batches(max);
-  await pump;
-  if (failure !== undefined) throw failure.error;
-}

@@ -81,6 +81,7 @@ export class Duties {
         resendLatest: resend,
         revokeSoon: () => this.revocations.soon(),
         tokenSpent: (token) => this.tokenSweep.spent(token),
+        enrolled: (node) => this.ingest.forget(node),
       },
       gate,
     );
@@ -117,6 +118,7 @@ export class Duties {
       epoch,
       gate: () => gate() && !this.hearing.storeDown,
       everyMs: periods.planEveryMs,
+      revisionEveryMs: periods.planRevisionEveryMs,
       awayEveryMs: periods.livenessEveryMs,
     });
   }

@@ -36,6 +36,8 @@ export interface EnrolmentContext {
   revokeSoon: () => void;
   /** The spent token's answer was sent: its broker account (RabbitMQ) ends once the joiner has read it. */
   tokenSpent: (token: { brokerCredential: string | null }) => void;
+  /** The node's enrolment is committed: what ingest took as read about it (its standing, its reports) is stale. */
+  enrolled: (node: string) => void;
 }
 
 export async function answerEnrolment(
@@ -126,6 +128,7 @@ export async function answerEnrolment(
         detail: { token: token.id, claimed_name: enrol.node, broker_user: identity.user },
       });
     });
+    context.enrolled(node);
     log.info("node.enrolled", { node, claimed_name: enrol.node });
     const recovery = await recoveryOf(store, node);
     const reply: EnrolReply = {

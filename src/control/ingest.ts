@@ -32,6 +32,9 @@ import { RefusalLedger } from "./refusals.js";
  */
 export const aliveMaxBytes = 2048;
 
+/** The longest report whose account is held in memory as its node's recovery copy (longer ones are read again). */
+const copyHeldMaxChars = 4096;
+
 export interface IngestContext {
   store: Store;
   bus: ControlBus;
@@ -72,6 +75,14 @@ export class Ingest {
     string,
     Remembered<{ epoch: number; sequence: number } | undefined>
   >();
+  /**
+   * Each node's recovery copy as this control plane last read or kept it (none: the node never reported). Only
+   * ingest writes accounts, and only the acting control plane ingests, so what it kept is what the store holds; a
+   * copy too long to hold in memory is read each time.
+   */
+  private readonly copies = new Map<string, Remembered<AccountRecord | undefined>>();
+  /** The declaration each node's reports last named, as the store holds it: a sent declaration never changes. */
+  private readonly named = new Map<string, { sequence: number; epoch: number; digest: string }>();
 
   /** The last batch's receipts, until the broker has them. */
   private receiptsOnTheirWay: Promise<void> = Promise.resolve();
@@ -123,6 +134,8 @@ export class Ingest {
           await tx.events.recordMany(batch.events);
           if (heard.size > 0) await tx.nodes.touch(heard);
         });
+        // Committed: each node's last account kept is its recovery copy now.
+        for (const account of batch.accounts) this.rememberCopy(account.node, account);
       }
       // The two streams are consumed side by side: a batch of either may be the older one.
       for (const [node, spokeAt] of batch.seen) {
@@ -225,17 +238,18 @@ export class Ingest {
   }
 
   /**
-   * The records of the batch's nodes: read afresh for a node that sent a report (reports are ordered by when the
-   * node enrolled); for alives, the bulk of the traffic, one read a moment ago will do.
+   * The records of the batch's nodes, one read a moment ago will do: a node retired meanwhile is refused by the
+   * broker at once anyway, and a node enrolling again is forgotten here as it enrols (`forget`), so its reports are
+   * ordered by its new enrolment at once.
    */
   private async nodeRecords(deliveries: readonly ControlDelivery[]): Promise<Map<string, NodeStanding>> {
     const records = new Map<string, NodeStanding>();
     const toRead = new Set<string>();
-    for (const { node, kind } of deliveries) {
-      if (node === undefined) continue;
-      const known = kind === "report" ? undefined : this.remembered(this.enrolled, node);
+    for (const { node } of deliveries) {
+      if (node === undefined || records.has(node)) continue;
+      const known = this.remembered(this.enrolled, node);
       if (known === undefined) toRead.add(node);
-      else if (!records.has(node)) records.set(node, known.value);
+      else records.set(node, known.value);
     }
     if (toRead.size === 0) return records;
     const read = await this.context.store.nodes.standings([...toRead]);
@@ -247,6 +261,14 @@ export class Ingest {
       else this.enrolled.delete(node);
     }
     return records;
+  }
+
+  /** Drops what was taken as read about a node: it enrolled again (its report order starts anew). */
+  forget(node: string): void {
+    this.enrolled.delete(node);
+    this.copies.delete(node);
+    this.named.delete(node);
+    this.latestOrder.delete(node);
   }
 
   /** Writes the batched `last_seen` times, and tells the refusals held back in windows that have ended. */
@@ -304,20 +326,26 @@ export class Ingest {
     reports: ReadonlyArray<{ node: string; report: Report; text: string; enrolledAt: string | null }>,
     batch: Batch,
   ): Promise<void> {
-    const { store } = this.context;
-    const nodes = [...new Set(reports.map(({ node }) => node))];
-    const copies = await store.accounts.recoveryCopies(nodes);
+    const copies = await this.recoveryCopies(reports.map(({ node }) => node));
     // A machine that enrolled again starts its report counter anew: accounts from before are not its order.
     const kept = new Map<string, AccountRecord>();
     for (const { node, enrolledAt } of reports) {
       const copy = copies.get(node);
       if (copy !== undefined && !(enrolledAt !== null && copy.receivedAt < enrolledAt)) kept.set(node, copy);
     }
-    const orders = await store.declarations.ordersOfDigests([
-      ...reports.map(({ node, report }) => ({ node, digest: report.digest })),
-      ...[...kept.values()].map(({ node, digest }) => ({ node, digest })),
+    // A declaration's place is looked up by its digest only for what does not carry its place itself (a report
+    // or an account without epoch, sequence and report sequence): a report from a current agent never needs it.
+    const orders = await this.context.store.declarations.ordersOfDigests([
+      ...reports.flatMap(({ node, report }) =>
+        report.sequence === undefined || accountOfReport(report).order === undefined
+          ? [{ node, digest: report.digest }]
+          : [],
+      ),
+      ...[...kept.values()].flatMap((copy) =>
+        accountOf(copy).order === undefined ? [{ node: copy.node, digest: copy.digest }] : [],
+      ),
     ]);
-    const sent = await store.declarations.atSequences(
+    const sent = await this.sentAt(
       reports.flatMap(({ node, report }) =>
         report.sequence === undefined || report.sequence === 0 ? [] : [{ node, sequence: report.sequence }],
       ),
@@ -399,6 +427,57 @@ export class Ingest {
       }
       batch.receipt(node, report, "kept");
     }
+  }
+
+  /** The recovery copies of these nodes: as kept or read a moment ago, else read (in one statement). */
+  private async recoveryCopies(nodes: readonly string[]): Promise<Map<string, AccountRecord>> {
+    const copies = new Map<string, AccountRecord>();
+    const toRead = new Set<string>();
+    for (const node of nodes) {
+      const known = this.remembered(this.copies, node);
+      if (known === undefined) toRead.add(node);
+      else if (known.value !== undefined) copies.set(node, known.value);
+    }
+    if (toRead.size === 0) return copies;
+    const read = await this.context.store.accounts.recoveryCopies([...toRead]);
+    for (const node of toRead) {
+      const copy = read.get(node);
+      if (copy !== undefined) copies.set(node, copy);
+      this.rememberCopy(node, copy);
+    }
+    return copies;
+  }
+
+  /** Holds a node's recovery copy in memory, unless its report is long: what is held stays small per node. */
+  private rememberCopy(node: string, copy: AccountRecord | undefined): void {
+    if (copy !== undefined && copy.report.length > copyHeldMaxChars) this.copies.delete(node);
+    else this.remember(this.copies, node, copy);
+  }
+
+  /**
+   * The epoch and digest of the declarations at these (node, sequence) places, by `sequenceKey`. A node's reports
+   * name the declaration they are about, the same one report after report: the one named last is held per node
+   * (a declaration once sent never changes), and only other places are read.
+   */
+  private async sentAt(
+    wanted: readonly { node: string; sequence: number }[],
+  ): Promise<Map<string, { epoch: number; digest: string }>> {
+    const found = new Map<string, { epoch: number; digest: string }>();
+    const toRead: { node: string; sequence: number }[] = [];
+    for (const { node, sequence } of wanted) {
+      const named = this.named.get(node);
+      if (named?.sequence === sequence) found.set(sequenceKey(node, sequence), named);
+      else toRead.push({ node, sequence });
+    }
+    if (toRead.length === 0) return found;
+    const read = await this.context.store.declarations.atSequences(toRead);
+    for (const { node, sequence } of toRead) {
+      const declaration = read.get(sequenceKey(node, sequence));
+      if (declaration === undefined) continue;
+      found.set(sequenceKey(node, sequence), declaration);
+      this.named.set(node, { sequence, ...declaration });
+    }
+    return found;
   }
 
   /** Counts a refusal always; tells it (log and event) at most once a minute per node and kind. */

@@ -1,5 +1,6 @@
 /** Node records: who was invited, who enrolled with which keys, when each was last heard from. */
 import type { Kysely } from "kysely";
+import { sql } from "kysely";
 import { MeshError } from "../errors.js";
 import type { Database, NodeState, NodeTable } from "./schema.js";
 import { StatementTexts } from "./statements.js";
@@ -158,15 +159,16 @@ export class NodeQueries {
    */
   async touch(lastSeen: ReadonlyMap<string, string>): Promise<void> {
     if (lastSeen.size === 0) return;
+    // One statement per slice, joined to the times as a list of values: a statement per node cost more than the
+    // rest of a batch of alives put together.
     await inTransaction(this.db, async (trx) => {
-      for (const [name, at] of lastSeen) {
-        await this.statements.run(trx, "nodes.touch", [at, name, at], () =>
-          trx
-            .updateTable("nodes")
-            .set({ last_seen: at })
-            .where("name", "=", name)
-            .where((eb) => eb.or([eb("last_seen", "is", null), eb("last_seen", "<", at)])),
-        );
+      for (const slice of slices([...lastSeen])) {
+        const statement = sql`update nodes set last_seen = seen.column2
+          from (values ${sql.join(slice.map(([name, at]) => sql`(${name}, ${at})`))}) as seen
+          where nodes.name = seen.column1 and (nodes.last_seen is null or nodes.last_seen < seen.column2)`;
+        await this.statements.run(trx, `nodes.touch.${slice.length}`, slice.flat(), () => ({
+          compile: () => statement.compile(trx),
+        }));
       }
     });
   }

@@ -67,6 +67,7 @@ for (const backend of storeBackends) {
         resendLatest: () => Promise.resolve(),
         revokeSoon: () => undefined,
         tokenSpent: () => undefined,
+        enrolled: () => undefined,
       };
       const body = encodeMessage({
         kind: "enrol",

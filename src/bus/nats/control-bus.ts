@@ -5,7 +5,13 @@
  * shows at once as "no responders" rather than a timeout.
  */
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import type { ConsumerMessages, JetStreamClient, JetStreamManager, StreamConfig } from "@nats-io/jetstream";
+import type {
+  ConsumerMessages,
+  JetStreamClient,
+  JetStreamManager,
+  JsMsg,
+  StreamConfig,
+} from "@nats-io/jetstream";
 import {
   AckPolicy,
   DeliverPolicy,
@@ -33,7 +39,7 @@ import {
 } from "../../link/limits.js";
 import type { Logger } from "../../log.js";
 import { errorText } from "../../log.js";
-import { inBatches } from "../batches.js";
+import { Arrivals } from "../batches.js";
 import type { ControlBus, ControlDelivery, ControlHandler, EnrolAnswer, EnrolRequest } from "../bus.js";
 import { controlBatchMax } from "../bus.js";
 import { BusError } from "../errors.js";
@@ -162,9 +168,26 @@ export class NatsControlBus implements ControlBus {
   async consumeControl(handle: ControlHandler): Promise<void> {
     const consume = async (stream: string, kind: ControlDelivery["kind"]) => {
       const consumer = await this.js.consumers.get(stream, controlConsumer);
-      const messages = await consumer.consume({ max_messages: controlBatchMax });
+      // Handed over by callback rather than iterated: a message costs the client one call instead of an async
+      // iterator's step, a share of the drain that is the consumer's own.
+      const arrivals = new Arrivals<JsMsg>();
+      const messages = await consumer.consume({
+        max_messages: controlBatchMax,
+        callback: (msg) => arrivals.push(msg),
+      });
       this.consuming.push(messages);
-      for await (const batch of inBatches(messages, controlBatchMax)) {
+      let failure: Error | undefined;
+      void messages.closed().then(
+        (error) => {
+          if (error !== undefined) failure = error;
+          arrivals.end();
+        },
+        (error: unknown) => {
+          failure = error instanceof Error ? error : new Error(String(error));
+          arrivals.end();
+        },
+      );
+      for await (const batch of arrivals.batches(controlBatchMax)) {
         const outcomes = await handle(
           batch.map((msg) => {
             const read = readControlSubject(msg.subject);
@@ -183,6 +206,7 @@ export class NatsControlBus implements ControlBus {
           else msg.nak(1000);
         });
       }
+      if (failure !== undefined) throw failure;
     };
     await Promise.all([consume(controlStream, "report"), consume(aliveStream, "alive")]);
   }
