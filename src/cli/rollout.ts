@@ -20,7 +20,7 @@ import {
 import { MeshError } from "../errors.js";
 import type { Plan } from "../link/index.js";
 import type { Output } from "../program/output.js";
-import type { Store } from "../store/index.js";
+import type { LatestSent, Store } from "../store/index.js";
 import type { CommandOptions } from "./context.js";
 import { signingIdentity, withCommandLease } from "./context.js";
 
@@ -46,8 +46,10 @@ export interface Applied {
   sent: SentDeclaration[];
 }
 
-/** How often a command looks at the store while it waits for the control plane or the nodes. */
+/** How often a command looks at the store while it waits for the nodes. */
 const lookEveryMs = 100;
+/** How often it looks whether the control plane has sent a revision: one row, read often, as that is soon. */
+const sentLookEveryMs = 20;
 
 /** Writes the change as the next revision and sees it rolled out. */
 export async function applyPlanChange(
@@ -65,7 +67,7 @@ export async function applyPlanChange(
       const now = () => new Date();
       let revision: number | undefined;
       let written = true;
-      let before = await store.declarations.latestSent();
+      let before: Map<string, LatestSent> | undefined;
       for (let attempt = 1; revision === undefined; attempt++) {
         const current = await readPlan(store);
         if (change.expected !== undefined && current.revision !== change.expected) {
@@ -79,6 +81,7 @@ export async function applyPlanChange(
           // The same plan again writes no revision; what it holds is sent already, or is being sent.
           revision = current.revision;
           written = false;
+          before = await store.declarations.latestSent();
           break;
         }
         before = await store.declarations.latestSent();
@@ -115,8 +118,9 @@ export async function applyPlanChange(
       }
       await sentBy(options, store, revision, epoch);
       const after = await store.declarations.latestSent();
+      const sentBefore = before ?? new Map<string, LatestSent>();
       const sent = [...after]
-        .filter(([node, latest]) => latest.sequence > (before.get(node)?.sequence ?? 0))
+        .filter(([node, latest]) => latest.sequence > (sentBefore.get(node)?.sequence ?? 0))
         .map(([node, latest]) => ({
           node,
           sequence: latest.sequence,
@@ -146,7 +150,7 @@ async function sentBy(options: CommandOptions, store: Store, revision: number, e
           `${options.deadline.said}; it sends it as soon as it can (\`mesh plan show\` says when)`,
       );
     }
-    await new Promise((resolve) => setTimeout(resolve, lookEveryMs));
+    await new Promise((resolve) => setTimeout(resolve, sentLookEveryMs));
   }
 }
 

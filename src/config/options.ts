@@ -69,8 +69,13 @@ export interface ControlPeriods {
   hearingEveryMs: number;
   /** How long the broker may take to answer before the control plane counts itself deaf. */
   hearingAnswerWithinMs: number;
-  /** How often the control plane looks whether the plan or the fleet changed (and so what to send). */
+  /** How often the control plane looks whether the fleet changed (and so what to send). */
   planEveryMs: number;
+  /**
+   * How often it looks whether the plan has a new revision: a command's change goes out within this. Only the
+   * newest revision's number is read, so it may be much shorter than `planEveryMs`.
+   */
+  planRevisionEveryMs: number;
 }
 
 /** What may be set, by its name in mesh.yaml; the environment variable is MESH_ + the name in capitals. */
@@ -216,6 +221,7 @@ export function controlPeriods(outOfTouchAfterMs: number): ControlPeriods {
     hearingEveryMs: 1000,
     hearingAnswerWithinMs: 3000,
     planEveryMs: 200,
+    planRevisionEveryMs: 25,
   };
 }
 

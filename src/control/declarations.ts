@@ -5,9 +5,9 @@
 import type { ControlBus } from "../bus/index.js";
 import { MeshError } from "../errors.js";
 import type { SigningIdentity } from "../keys/index.js";
-import { sealDeclaration } from "../keys/index.js";
+import { sealDeclarationOffThread } from "../keys/index.js";
 import type { DeclaredItem, UnitContents } from "../link/index.js";
-import { checkContents, encodeMessage, unitContentsSchema } from "../link/index.js";
+import { checkContents, declarationEncoder, envelopeText, unitContentsSchema } from "../link/index.js";
 import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
 import { parseOperatorFile } from "./operator-file.js";
@@ -78,39 +78,48 @@ export async function sendDeclarations(
   }
   const sequences = await store.nodes.nextDeclarationSequences(names);
   const issuedAt = context.now().toISOString();
-  const compose = (node: string) => {
+  // One encoder per composition: its items are checked once, however many nodes hold it.
+  const encoders = new Map<string, ReturnType<typeof declarationEncoder>>();
+  const compose = async (node: string) => {
     const sequence = sequences.get(node);
     const target = byNode.get(node);
     if (sequence === undefined || target === undefined)
       throw new MeshError("internal", `no sequence was allocated for ${node}`);
+    let encode = encoders.get(target.digest);
+    if (encode === undefined) {
+      encode = declarationEncoder(target.items, target.digest);
+      encoders.set(target.digest, encode);
+    }
     // Checked as it is encoded; the signature covers these bytes exactly, and the node verifies them before it
     // parses anything.
-    const bytes = encodeMessage({
-      kind: "declaration",
-      node,
-      epoch,
-      sequence,
-      issued_at: issuedAt,
-      items: [...target.items],
-      digest: target.digest,
-    });
-    const envelope = encodeMessage(
-      sealDeclaration(bytes, context.signing.privateKey, context.signing.fingerprint),
-    );
+    const bytes = encode({ node, epoch, sequence, issued_at: issuedAt });
+    const { privateKey, fingerprint } = context.signing;
+    const envelope = envelopeText(await sealDeclarationOffThread(bytes, privateKey, fingerprint));
     return { node, sequence, envelope, target };
   };
+  /** A chunk's declarations sealed, or why they could not be: never a rejection left unawaited. */
+  const seal = (start: number) =>
+    Promise.all(names.slice(start, start + declarationChunk).map(compose)).then(
+      (composed) => ({ composed }),
+      (error: unknown) => ({ error }),
+    );
   const sent: SentDeclaration[] = [];
   /** The chunk recorded but not yet sent: its nodes get it when their alives say they hold an older one. */
   let recorded: string[] = [];
   try {
+    // The next chunk is signed on the thread pool while this one is recorded and sent.
+    let sealing = seal(0);
     for (let start = 0; start < names.length; start += declarationChunk) {
+      const sealed = await sealing;
+      if ("error" in sealed) throw sealed.error;
+      const { composed } = sealed;
+      if (start + declarationChunk < names.length) sealing = seal(start + declarationChunk);
       if (context.gate !== undefined && !(await context.gate())) {
         throw new MeshError(
           "lease_moved",
           `the lease no longer stands at epoch ${epoch} (it moved on, or this command's own lapsed)`,
         );
       }
-      const composed = names.slice(start, start + declarationChunk).map(compose);
       await store.declarations.recordMany(
         composed.map(({ node, sequence, envelope, target }) => ({
           node,
@@ -118,12 +127,14 @@ export async function sendDeclarations(
           epoch,
           issuedAt,
           digest: target.digest,
-          envelope: new TextDecoder().decode(envelope),
+          envelope,
           units: target.units,
         })),
       );
       recorded = composed.map(({ node }) => node);
-      await context.bus.publishDeclarations(composed.map(({ node, envelope }) => ({ node, envelope })));
+      await context.bus.publishDeclarations(
+        composed.map(({ node, envelope }) => ({ node, envelope: Buffer.from(envelope) })),
+      );
       recorded = [];
       for (const { node, sequence, target } of composed)
         sent.push({ node, sequence, epoch, digest: target.digest });

@@ -19,8 +19,10 @@ export interface PlanWatchSettings {
   /** The epoch this control plane acts under; without one nothing can be signed, so nothing is rolled out. */
   epoch: () => number | undefined;
   gate: () => boolean;
-  /** How often the marks are looked at. */
+  /** How often the fleet's marks are looked at. */
   everyMs: number;
+  /** How often the newest revision is looked at (a single number read: a command's change goes out soon). */
+  revisionEveryMs: number;
   /** How often, while a unit has `move_after`, the fleet's silences are read. */
   awayEveryMs: number;
 }
@@ -34,13 +36,18 @@ export class PlanWatch {
   private wanted = true;
   private movable: number[] = [];
   private lastAwayCheck = 0;
+  /** When the fleet's marks were last read (monotonic ms). */
+  private lastFleetLook = Number.NEGATIVE_INFINITY;
   private failing = false;
 
   constructor(private readonly settings: PlanWatchSettings) {}
 
   start(): void {
     if (this.stopped) return;
-    this.timer = setInterval(() => this.tick(), this.settings.everyMs);
+    this.timer = setInterval(
+      () => this.tick(),
+      Math.min(this.settings.revisionEveryMs, this.settings.everyMs),
+    );
     this.tick();
   }
 
@@ -73,9 +80,14 @@ export class PlanWatch {
     const epoch = this.settings.epoch();
     if (epoch === undefined || !gate()) return;
     const revision = await store.plans.newest();
+    const seen = this.seen;
+    // The fleet's marks cost a pass over its nodes: read each `everyMs`, or at once for a new revision.
+    const startedAt = performance.now();
+    const fleetDue = startedAt - this.lastFleetLook >= this.settings.everyMs;
+    if (!this.wanted && seen !== undefined && seen.revision === revision && !fleetDue) return;
+    this.lastFleetLook = startedAt;
     const fleet = await store.nodes.fleetMark();
     const moved = await this.movedMark();
-    const seen = this.seen;
     if (
       !this.wanted &&
       seen !== undefined &&

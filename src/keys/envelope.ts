@@ -2,7 +2,7 @@ import type { KeyObject } from "node:crypto";
 import { KeyError } from "../errors.js";
 import { decodeCanonicalBase64 } from "./base64.js";
 import { fingerprint, fingerprintsEqual } from "./fingerprint.js";
-import { sign, signingPublicKeyOf, verify } from "./signing.js";
+import { sign, signingPublicKeyOf, signOffThread, verify } from "./signing.js";
 
 /**
  * A declaration as it travels: its bytes exactly as composed, the control plane's signature over those bytes, and
@@ -50,17 +50,41 @@ export function sealDeclaration(
   privateKey: KeyObject,
   signer: string,
 ): DeclarationEnvelope {
-  if (sealsAs.get(privateKey) !== signer) {
-    const ownFingerprint = fingerprintOf(privateKey);
-    if (!fingerprintsEqual(signer, ownFingerprint)) {
-      throw new KeyError(`signer ${signer} is not the fingerprint of the signing key (${ownFingerprint})`);
-    }
-    sealsAs.set(privateKey, signer);
+  checkSigner(privateKey, signer);
+  return envelopeOf(declarationBytes, sign(declarationBytes, privateKey), signer);
+}
+
+/**
+ * Seals as {@link sealDeclaration} does, signing on the thread pool: a fleet's declarations are signed on every
+ * core while the caller records and sends those already sealed.
+ */
+export async function sealDeclarationOffThread(
+  declarationBytes: Uint8Array,
+  privateKey: KeyObject,
+  signer: string,
+): Promise<DeclarationEnvelope> {
+  checkSigner(privateKey, signer);
+  return envelopeOf(declarationBytes, await signOffThread(declarationBytes, privateKey), signer);
+}
+
+function checkSigner(privateKey: KeyObject, signer: string): void {
+  if (sealsAs.get(privateKey) === signer) return;
+  const ownFingerprint = fingerprintOf(privateKey);
+  if (!fingerprintsEqual(signer, ownFingerprint)) {
+    throw new KeyError(`signer ${signer} is not the fingerprint of the signing key (${ownFingerprint})`);
   }
+  sealsAs.set(privateKey, signer);
+}
+
+function envelopeOf(
+  declarationBytes: Uint8Array,
+  signature: Uint8Array,
+  signer: string,
+): DeclarationEnvelope {
   return {
     kind: "declaration_envelope",
     payload: Buffer.from(declarationBytes).toString("base64"),
-    signature: Buffer.from(sign(declarationBytes, privateKey)).toString("base64"),
+    signature: Buffer.from(signature).toString("base64"),
     signer,
   };
 }

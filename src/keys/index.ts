@@ -11,6 +11,7 @@ export {
   rawSigningPublicKey,
   sign,
   signatureLength,
+  signOffThread,
   signingPublicKeyFromRaw,
   signingPublicKeyLength,
   signingPublicKeyOf,
@@ -19,7 +20,7 @@ export {
 } from "./signing.js";
 export type { SigningKeyPair } from "./signing.js";
 export { fingerprint, fingerprintsEqual, openSshPublicKey } from "./fingerprint.js";
-export { openDeclaration, sealDeclaration } from "./envelope.js";
+export { openDeclaration, sealDeclaration, sealDeclarationOffThread } from "./envelope.js";
 export type { DeclarationEnvelope, SealedDeclaration } from "./envelope.js";
 export { generateOverlayKeyPair, overlayKeyLength, overlayPublicKeyOf } from "./overlay.js";
 export type { OverlayKeyPair } from "./overlay.js";

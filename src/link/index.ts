@@ -53,8 +53,11 @@ export type {
   NodeCredential,
   Report,
 } from "./messages.js";
+export type { DeclarationHeader } from "./parse.js";
 export {
+  declarationEncoder,
   encodeMessage,
+  envelopeText,
   maxMessageBytes,
   parseAlive,
   parseReceipt,

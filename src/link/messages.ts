@@ -13,7 +13,7 @@ export const nodeName = z.string().regex(nodeNamePattern, {
   error: "expected a node name: 1–63 of a-z, 0-9 and '-', not starting or ending with '-'",
 });
 
-const timestamp = z.iso.datetime({
+export const timestamp = z.iso.datetime({
   offset: true,
   error: "expected an ISO 8601 timestamp such as 2026-11-29T14:49:00Z",
 });
@@ -60,6 +60,7 @@ const digest = z.string().regex(/^sha256:[0-9a-f]{64}$/, {
 
 const epoch = z.int().min(0);
 const sequence = z.int().min(1);
+export { epoch as declarationEpoch, sequence as declarationSequence };
 /** In reports and alives, 0 means the node has applied no declaration yet. */
 const heldSequence = z.int().min(0);
 const reportSequence = z.int().min(0);

@@ -1,7 +1,15 @@
-import type { z } from "zod";
+import { z } from "zod";
 
 import { ContractError } from "./errors.js";
-import { messageKinds, messageSchemas } from "./messages.js";
+import type { DeclaredItem } from "./items.js";
+import {
+  declarationEpoch,
+  declarationSequence,
+  messageKinds,
+  messageSchemas,
+  nodeName,
+  timestamp,
+} from "./messages.js";
 import type {
   Alive,
   Receipt,
@@ -121,11 +129,77 @@ export function parseDeclarationBytes(bytes: Uint8Array): Declaration {
  */
 export function encodeMessage(message: Message): Uint8Array {
   const checked = parseMessage(message.kind, message);
-  const bytes = encoder.encode(JSON.stringify(checked));
+  return withinBound(message.kind, encoder.encode(JSON.stringify(checked)));
+}
+
+/** What sets one node's declaration apart from another's of the same composition. */
+export interface DeclarationHeader {
+  node: string;
+  epoch: number;
+  sequence: number;
+  issued_at: string;
+}
+
+const declarationHeaderSchema = z.strictObject({
+  node: nodeName,
+  epoch: declarationEpoch,
+  sequence: declarationSequence,
+  issued_at: timestamp,
+});
+
+/**
+ * Encodes the declarations of one composition — the same items and digest for many nodes, each under a header of
+ * its own — to the bytes `encodeMessage` gives each. The first is checked whole, as `encodeMessage` checks it; its
+ * items are then taken as checked, and each later header is checked alone. A fleet of one composition costs one
+ * check of its items, not one per node.
+ */
+export function declarationEncoder(
+  items: readonly DeclaredItem[],
+  digest: string,
+): (header: DeclarationHeader) => Uint8Array {
+  let itemsText: string | undefined;
+  return (header) => {
+    if (itemsText === undefined) {
+      const checked = parseMessage("declaration", {
+        kind: "declaration",
+        ...header,
+        items: [...items],
+        digest,
+      });
+      itemsText = JSON.stringify(checked.items);
+    } else {
+      const result = declarationHeaderSchema.safeParse(header);
+      if (!result.success) throw new ContractError(describeIssues("declaration", result.error.issues));
+    }
+    // In schema order, as JSON.stringify writes the checked declaration.
+    const text =
+      `{"kind":"declaration","node":${JSON.stringify(header.node)},"epoch":${JSON.stringify(header.epoch)},` +
+      `"sequence":${JSON.stringify(header.sequence)},"issued_at":${JSON.stringify(header.issued_at)},` +
+      `"items":${itemsText},"digest":${JSON.stringify(digest)}}`;
+    return withinBound("declaration", encoder.encode(text));
+  };
+}
+
+/**
+ * The text of a sealed declaration, as `encodeMessage` writes it. Every field is right by how `sealDeclaration`
+ * makes it (base64 of the bytes signed, a 64-byte signature, the signer checked against the key), so only the
+ * size is checked here: a fleet's envelopes are not read back through their schema one by one.
+ */
+export function envelopeText(envelope: DeclarationEnvelope): string {
+  const text = JSON.stringify({
+    kind: envelope.kind,
+    payload: envelope.payload,
+    signature: envelope.signature,
+    signer: envelope.signer,
+  });
+  if (text.length > maxMessageBytes) withinBound("declaration_envelope", encoder.encode(text));
+  return text;
+}
+
+/** The bytes, if a message of `kind` may be that long. */
+function withinBound(kind: MessageKind, bytes: Uint8Array): Uint8Array {
   if (bytes.byteLength > maxMessageBytes) {
-    throw new ContractError(
-      `${message.kind}: is ${bytes.byteLength} bytes, at most ${maxMessageBytes} are allowed`,
-    );
+    throw new ContractError(`${kind}: is ${bytes.byteLength} bytes, at most ${maxMessageBytes} are allowed`);
   }
   return bytes;
 }

@@ -174,17 +174,28 @@ export class DeclarationQueries {
   async latestSent(nodes?: readonly string[]): Promise<Map<string, LatestSent>> {
     const found = new Map<string, LatestSent>();
     const query = (slice?: readonly string[]) => {
-      let select = this.db
-        .selectFrom("declarations as d")
+      // Each node's newest sequence first, one step down its declarations' index, then that one row: a node's whole
+      // history is never read. Materialized, or SQLite's planner folds it in and scans every declaration kept.
+      let newest = this.db.selectFrom("nodes").select((eb) => [
+        "nodes.name as node",
+        eb
+          .selectFrom("declarations as newest")
+          .select((inner) => inner.fn.max("newest.sequence").as("sequence"))
+          .whereRef("newest.node", "=", "nodes.name")
+          .as("sequence"),
+      ]);
+      if (slice !== undefined) newest = newest.where("nodes.name", "in", slice);
+      return this.db
+        .with(
+          (cte) => cte("latest").materialized(),
+          () => newest,
+        )
+        .selectFrom("latest")
+        .innerJoin("declarations as d", (join) =>
+          join.onRef("d.node", "=", "latest.node").onRef("d.sequence", "=", "latest.sequence"),
+        )
         .select(["d.node", "d.epoch", "d.sequence", "d.digest", "d.units"])
-        .where("d.sequence", "=", (eb) =>
-          eb
-            .selectFrom("declarations as newest")
-            .select((inner) => inner.fn.max("newest.sequence").as("sequence"))
-            .whereRef("newest.node", "=", "d.node"),
-        );
-      if (slice !== undefined) select = select.where("d.node", "in", slice);
-      return select.execute();
+        .execute();
     };
     const batches = nodes === undefined ? [undefined] : slices([...new Set(nodes)]);
     for (const slice of batches) {

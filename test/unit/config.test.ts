@@ -54,6 +54,7 @@ test("config — defaults when nothing is set", () => {
       hearingEveryMs: 1000,
       hearingAnswerWithinMs: 3000,
       planEveryMs: 200,
+      planRevisionEveryMs: 25,
     },
   });
 });

@@ -1,0 +1,126 @@
+/**
+ * The fleet's declarations are encoded one composition at a time: the bytes must be exactly those `encodeMessage`
+ * gives each declaration (the node verifies the signature over them, and the digest names them), and whatever
+ * `encodeMessage` refuses must still be refused.
+ */
+import assert from "node:assert/strict";
+import { generateKeyPairSync } from "node:crypto";
+import { describe, test } from "node:test";
+import fc from "fast-check";
+
+import { fingerprint, sealDeclaration } from "../../src/keys/index.js";
+import type { DeclaredItem } from "../../src/link/index.js";
+import {
+  ContractError,
+  declarationEncoder,
+  encodeMessage,
+  envelopeText,
+  itemsDigest,
+  maxMessageBytes,
+} from "../../src/link/index.js";
+
+const decoder = new TextDecoder();
+
+const file = (path: string, content: string): DeclaredItem => ({
+  type: "file",
+  id: `file:${path}`,
+  path,
+  content,
+});
+
+/** Paths and contents with what JSON escapes: quotes, backslashes, control characters, non-ASCII. */
+const text = fc.string({ unit: "grapheme", maxLength: 40 });
+const itemsArbitrary = fc
+  .uniqueArray(fc.stringMatching(/^[a-z0-9_-]{1,12}$/), { minLength: 0, maxLength: 6 })
+  .chain((names) => fc.tuple(...names.map((name) => text.map((content) => file(`/etc/${name}`, content)))));
+const header = fc.record({
+  node: fc.stringMatching(/^[a-z][a-z0-9-]{0,20}[a-z0-9]$/),
+  epoch: fc.integer({ min: 0, max: 2 ** 40 }),
+  sequence: fc.integer({ min: 1, max: 2 ** 40 }),
+  issued_at: fc
+    .date({
+      min: new Date("2020-01-01T00:00:00Z"),
+      max: new Date("2100-01-01T00:00:00Z"),
+      noInvalidDate: true,
+    })
+    .map((date) => date.toISOString()),
+});
+
+describe("declarationEncoder", () => {
+  test("gives, for every node of a composition, exactly the bytes encodeMessage gives", () => {
+    fc.assert(
+      fc.property(itemsArbitrary, fc.array(header, { minLength: 1, maxLength: 5 }), (items, headers) => {
+        const digest = itemsDigest(items);
+        const encode = declarationEncoder(items, digest);
+        for (const one of headers) {
+          const expected = encodeMessage({ kind: "declaration", ...one, items: [...items], digest });
+          assert.equal(decoder.decode(encode(one)), decoder.decode(expected));
+        }
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  test("refuses a bad item at the first node, and a bad header at any node", () => {
+    const items = [file("/etc/a", "a\n")];
+    const digest = itemsDigest(items);
+    const good = { node: "web-1", epoch: 3, sequence: 7, issued_at: "2026-11-30T12:00:00.000Z" };
+
+    const clashing = [file("/etc/a", "a\n"), file("/etc/a", "b\n")];
+    assert.throws(
+      () => declarationEncoder(clashing, itemsDigest(clashing))(good),
+      (error: unknown) =>
+        error instanceof ContractError && /repeats an earlier item's id/.test(error.message),
+    );
+
+    const encode = declarationEncoder(items, digest);
+    encode(good);
+    for (const bad of [
+      { ...good, node: "Web 1" },
+      { ...good, epoch: -1 },
+      { ...good, sequence: 0 },
+      { ...good, sequence: 1.5 },
+      { ...good, issued_at: "yesterday" },
+    ]) {
+      assert.throws(
+        () => encode(bad),
+        (error: unknown) =>
+          error instanceof ContractError &&
+          /declaration\.(node|epoch|sequence|issued_at):/.test(error.message),
+        JSON.stringify(bad),
+      );
+    }
+    assert.throws(() => declarationEncoder(items, "sha256:nope")(good), ContractError);
+  });
+
+  test("refuses a declaration past the size every message keeps to", () => {
+    const items = [file("/etc/big", "x".repeat(400 * 1024)), file("/etc/big2", "y".repeat(400 * 1024))];
+    const digest = itemsDigest(items);
+    const encode = declarationEncoder(items, digest);
+    const one = { node: "big-1", epoch: 1, sequence: 1, issued_at: "2026-11-30T12:00:00.000Z" };
+    const bytes = encode(one);
+    assert.ok(bytes.byteLength < maxMessageBytes);
+    // Its envelope, in base64, no longer fits.
+    const { privateKey, publicKey } = generateKeyPairSync("ed25519");
+    assert.throws(
+      () => envelopeText(sealDeclaration(bytes, privateKey, fingerprint(publicKey))),
+      (error: unknown) =>
+        error instanceof ContractError && /declaration_envelope: is \d+ bytes, at most/.test(error.message),
+    );
+  });
+});
+
+describe("envelopeText", () => {
+  test("is the text encodeMessage gives the envelope", () => {
+    const { privateKey, publicKey } = generateKeyPairSync("ed25519");
+    const signer = fingerprint(publicKey);
+    fc.assert(
+      fc.property(itemsArbitrary, header, (items, one) => {
+        const digest = itemsDigest(items);
+        const envelope = sealDeclaration(declarationEncoder(items, digest)(one), privateKey, signer);
+        assert.equal(envelopeText(envelope), decoder.decode(encodeMessage(envelope)));
+      }),
+      { numRuns: 100 },
+    );
+  });
+});
