@@ -28,6 +28,8 @@ export interface FailoverSettings {
 export interface FailoverTimes {
   killToActMs: number[];
   expiryToActMs: number[];
+  /** The killed holder's lease life left at the kill: no standby may act sooner. */
+  killToExpiryMs: number[];
 }
 
 export async function runFailover(values: FailoverSettings): Promise<FailoverTimes> {
@@ -78,7 +80,7 @@ export async function runFailover(values: FailoverSettings): Promise<FailoverTim
   }
 
   const server = await startBenchBroker("nats", data, dir);
-  const times: FailoverTimes = { killToActMs: [], expiryToActMs: [] };
+  const times: FailoverTimes = { killToActMs: [], expiryToActMs: [], killToExpiryMs: [] };
   let nc: NatsConnection | undefined;
   try {
     let holder = startController(server.url);
@@ -105,6 +107,7 @@ export async function runFailover(values: FailoverSettings): Promise<FailoverTim
       times.killToActMs.push(acted.seenAt - killedAt);
       // By the times the broker and the new holder wrote (one machine, one clock), not when this process heard.
       times.expiryToActMs.push(acted.saidAt - expiredAt);
+      times.killToExpiryMs.push(expiredAt - killedAt);
       values.log(
         `failover trial ${trial}: kill → acting ${acted.seenAt - killedAt} ms, expiry → acting ${acted.saidAt - expiredAt} ms`,
       );

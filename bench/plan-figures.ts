@@ -54,10 +54,19 @@ export function outlookFigures(t: OutlookTiming): Shown & { line: string } {
 }
 
 /** The mesh half's figures for the table, and the same for the JSON. */
-export function planMeshFigures(m: PlanOnMesh, nodes: number): Shown {
+export function planMeshFigures(
+  m: PlanOnMesh,
+  nodes: number,
+  signingLimit: { value: number; what: string } | undefined,
+): Shown {
   const { change, failover } = m;
   const json = {
-    initial: { sent: m.initial.sent, apply_ms: m.initial.applyMs, convergence_ms: m.initial.converged },
+    initial: {
+      sent: m.initial.sent,
+      apply_ms: m.initial.applyMs,
+      convergence_ms: m.initial.converged,
+      rollout: m.initial.rollout ?? null,
+    },
     change: {
       placed: change.placed,
       would_send: change.wouldSend,
@@ -85,7 +94,21 @@ export function planMeshFigures(m: PlanOnMesh, nodes: number): Shown {
   const applyExits = { value: change.applyMs, what: "`mesh plan apply` exits" };
   const failoverSent = (failover.rolledOut?.sent ?? 0) + failover.events + failover.sequencesMoved;
   const failoverBad = failoverSent > 0 || failover.sentEpoch !== failover.epochs[1];
+  const rollout = m.initial.rollout;
   const figures: Figure[] = [
+    ...(rollout === undefined
+      ? []
+      : [
+          {
+            part: "plan",
+            what: "whole plan's roll-out: declarations composed, signed, recorded, sent",
+            value: rollout.sent / (rollout.ms / 1000),
+            unit: "/s",
+            limit: signingLimit,
+            target: "≥ 0.5×",
+            note: `${rollout.sent} in ${rollout.ms} ms, as \`mesh serve\` logged it (plan.rolled_out)`,
+          },
+        ]),
     {
       part: "plan",
       what: `whole plan applied to ${nodes} nodes → all kept, max`,

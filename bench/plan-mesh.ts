@@ -33,7 +33,13 @@ export interface PlanOnMeshSettings {
 }
 
 export interface PlanOnMesh {
-  initial: { sent: number; applyMs: number; converged: Spread };
+  initial: {
+    sent: number;
+    applyMs: number;
+    converged: Spread;
+    /** The control plane's roll-out of the whole plan, as it logged it. */
+    rollout: { sent: number; ms: number } | undefined;
+  };
   change: {
     /** Nodes the changed unit is placed on, by `allot` in this process over the lab's profiles. */
     placed: number;
@@ -70,6 +76,12 @@ const rolledOutSchema = z.object({
   sent: z.number(),
   unchanged: z.number(),
 });
+const rolloutSchema = z.object({
+  event: z.literal("plan.rolled_out"),
+  revision: z.number(),
+  sent: z.number(),
+  ms: z.number(),
+});
 const servingSchema = z.object({ event: z.literal("control.serving"), epoch: z.number().nullable() });
 
 /** `mesh plan apply` (and diff) get time enough for a whole fleet's roll-out. */
@@ -97,6 +109,7 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
   const first = join(dir, "bench-plan-1.json");
   writeFileSync(first, JSON.stringify(benchPlan(names)));
   const initial = await apply(first);
+  const initialRollout = rolloutOf(settings.serve.stderr(), initial.result.revision);
   say(
     `plan: revision ${initial.result.revision} sent to ${initial.result.sent.length} nodes in ` +
       `${initial.applyMs.toFixed(0)} ms, all kept by ${initial.converged.max.toFixed(0)} ms; ` +
@@ -176,7 +189,12 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
   for (const mismatch of mismatches) say(`plan: MISMATCH — ${mismatch}`);
 
   return {
-    initial: { sent: initial.result.sent.length, applyMs: initial.applyMs, converged: initial.converged },
+    initial: {
+      sent: initial.result.sent.length,
+      applyMs: initial.applyMs,
+      converged: initial.converged,
+      rollout: initialRollout,
+    },
     change: {
       ...counts,
       itemsChange: diff.nodes.length,
@@ -205,6 +223,19 @@ function servingEpochOf(log: string): number {
     return epoch;
   }
   throw new Error("the control plane's log has no control.serving line");
+}
+
+/**
+ * The roll-out of `revision` that sent declarations, as the control plane logged it: how many, and how long the
+ * whole roll-out took (the plan and the fleet read, composed, signed, recorded, sent).
+ */
+export function rolloutOf(log: string, revision: number): { sent: number; ms: number } | undefined {
+  for (const line of log.split("\n")) {
+    if (!line.includes('"event":"plan.rolled_out"')) continue;
+    const rolled = rolloutSchema.parse(JSON.parse(line));
+    if (rolled.revision === revision && rolled.sent > 0) return { sent: rolled.sent, ms: rolled.ms };
+  }
+  return undefined;
 }
 
 /** The first `plan.rolled_out` a control plane logged under `epoch`, if it has yet. */

@@ -97,7 +97,9 @@ export class PlanWatch {
     )
       return;
     this.wanted = false;
+    const rolloutStarted = performance.now();
     const rollout = await rollOut(context, epoch);
+    const rolloutMs = Math.round(performance.now() - rolloutStarted);
     this.seen = { revision: rollout.revision, fleet, moved };
     this.movable = await this.moveAfters();
     if (rollout.sent.length > 0 || seen?.revision !== rollout.revision) {
@@ -107,6 +109,7 @@ export class PlanWatch {
         sent: rollout.sent.length,
         unchanged: rollout.unchanged,
         conditions: rollout.conditions.length,
+        ms: rolloutMs,
       });
     }
   }

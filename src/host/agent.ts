@@ -9,7 +9,7 @@ import type { NodeBus } from "../bus/index.js";
 import { openNodeSide } from "../bus/index.js";
 import { MeshError } from "../errors.js";
 import type { KeyObject } from "node:crypto";
-import { decodeSigningPublicKey, openDeclaration } from "../keys/index.js";
+import { decodeSigningPublicKey, openDeclarationOffThread } from "../keys/index.js";
 import type { Declaration, DeclaredItem, Report } from "../link/index.js";
 import { declaredItemSchema } from "../link/index.js";
 import {
@@ -369,7 +369,7 @@ export class Agent {
     let declaration: Declaration;
     try {
       const envelope = parseDeclarationEnvelope(body);
-      const bytes = openDeclaration(envelope, this.pinnedKey);
+      const bytes = await openDeclarationOffThread(envelope, this.pinnedKey);
       declaration = parseDeclarationBytes(bytes);
     } catch (error) {
       return this.refuse(`declaration refused: ${errorText(error)}`);

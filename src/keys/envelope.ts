@@ -2,7 +2,7 @@ import type { KeyObject } from "node:crypto";
 import { KeyError } from "../errors.js";
 import { decodeCanonicalBase64 } from "./base64.js";
 import { fingerprint, fingerprintsEqual } from "./fingerprint.js";
-import { sign, signingPublicKeyOf, signOffThread, verify } from "./signing.js";
+import { sign, signingPublicKeyOf, signOffThread, verify, verifyOffThread } from "./signing.js";
 
 /**
  * A declaration as it travels: its bytes exactly as composed, the control plane's signature over those bytes, and
@@ -99,6 +99,31 @@ function envelopeOf(
  * @throws KeyError when the signer is not the pinned key, the fields are not base64, or the signature does not verify.
  */
 export function openDeclaration(envelope: SealedDeclaration, pinnedPublicKey: KeyObject): Uint8Array {
+  const { bytes, signature } = sealedParts(envelope, pinnedPublicKey);
+  if (!verify(bytes, signature, pinnedPublicKey)) throw new KeyError(notVerified);
+  return new Uint8Array(bytes);
+}
+
+/**
+ * Opens as {@link openDeclaration} does, checking the signature on the thread pool: an agent's loop is not held
+ * while it is checked (and a lab of many nodes checks theirs on every core).
+ */
+export async function openDeclarationOffThread(
+  envelope: SealedDeclaration,
+  pinnedPublicKey: KeyObject,
+): Promise<Uint8Array> {
+  const { bytes, signature } = sealedParts(envelope, pinnedPublicKey);
+  if (!(await verifyOffThread(bytes, signature, pinnedPublicKey))) throw new KeyError(notVerified);
+  return new Uint8Array(bytes);
+}
+
+const notVerified = "declaration signature does not verify against the pinned signing key";
+
+/** The envelope's bytes and signature, once its signer is the pinned key. */
+function sealedParts(
+  envelope: SealedDeclaration,
+  pinnedPublicKey: KeyObject,
+): { bytes: Buffer; signature: Buffer } {
   const pinnedFingerprint = fingerprintOf(pinnedPublicKey);
   if (!fingerprintsEqual(envelope.signer, pinnedFingerprint)) {
     throw new KeyError(
@@ -107,10 +132,8 @@ export function openDeclaration(envelope: SealedDeclaration, pinnedPublicKey: Ke
   }
   // The signature covers these decoded bytes as they are. Re-encoding them first (even parse + stringify) could
   // change key order or spacing, and a signature over the same meaning would then no longer verify.
-  const bytes = decodeCanonicalBase64(envelope.payload, "declaration payload");
-  const signature = decodeCanonicalBase64(envelope.signature, "declaration signature");
-  if (!verify(bytes, signature, pinnedPublicKey)) {
-    throw new KeyError("declaration signature does not verify against the pinned signing key");
-  }
-  return new Uint8Array(bytes);
+  return {
+    bytes: decodeCanonicalBase64(envelope.payload, "declaration payload"),
+    signature: decodeCanonicalBase64(envelope.signature, "declaration signature"),
+  };
 }

@@ -17,10 +17,16 @@ export {
   signingPublicKeyOf,
   signingPrivateKeyFromSeed,
   verify,
+  verifyOffThread,
 } from "./signing.js";
 export type { SigningKeyPair } from "./signing.js";
 export { fingerprint, fingerprintsEqual, openSshPublicKey } from "./fingerprint.js";
-export { openDeclaration, sealDeclaration, sealDeclarationOffThread } from "./envelope.js";
+export {
+  openDeclaration,
+  openDeclarationOffThread,
+  sealDeclaration,
+  sealDeclarationOffThread,
+} from "./envelope.js";
 export type { DeclarationEnvelope, SealedDeclaration } from "./envelope.js";
 export { generateOverlayKeyPair, overlayKeyLength, overlayPublicKeyOf } from "./overlay.js";
 export type { OverlayKeyPair } from "./overlay.js";

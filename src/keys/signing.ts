@@ -67,6 +67,22 @@ export function verify(bytes: Uint8Array, signature: Uint8Array, publicKey: KeyO
   return verifyWithKey(null, bytes, publicKey, signature);
 }
 
+/** Checks as {@link verify} does, on the thread pool. */
+export function verifyOffThread(
+  bytes: Uint8Array,
+  signature: Uint8Array,
+  publicKey: KeyObject,
+): Promise<boolean> {
+  requireEd25519(publicKey, "public");
+  if (signature.length !== signatureLength) return Promise.resolve(false);
+  return new Promise((resolve, reject) => {
+    verifyWithKey(null, bytes, publicKey, signature, (error, valid) => {
+      if (error === null) resolve(valid);
+      else reject(error);
+    });
+  });
+}
+
 /** The raw 32 bytes of an Ed25519 public key. */
 export function rawSigningPublicKey(publicKey: KeyObject): Uint8Array {
   requireEd25519(publicKey, "public");

@@ -53,11 +53,32 @@ describe("bench arguments and table", () => {
     };
     assert.equal(ratioOf(figure), "0.50×");
     assert.equal(ratioOf({ ...figure, baseline: undefined }), "");
-    const table = formatFigureTable([figure, { part: "steady", what: "RSS", value: 80, unit: "MiB" }]);
+    const limited = {
+      part: "fanout",
+      what: "roll-out",
+      value: 13_000,
+      unit: "/s",
+      limit: { value: 26_000, what: "signing, one core" },
+      target: "≥ 0.5×",
+    };
+    assert.equal(ratioOf(limited, "limit"), "0.50×");
+    assert.equal(ratioOf(limited), "");
+    const table = formatFigureTable([
+      figure,
+      limited,
+      { part: "steady", what: "RSS", value: 80, unit: "MiB" },
+    ]);
     const lines = table.trimEnd().split("\n");
-    assert.equal(lines.length, 3);
-    assert.match(lines[0] ?? "", /^PART\s+FIGURE\s+VALUE\s+BASELINE\s+RATIO\s+TARGET\s+NOTE$/);
-    assert.match(lines[1] ?? "", /ingest\s+rate\s+500 msg\/s\s+1,000 msg\/s \(raw\)\s+0\.50×/);
-    assert.match(lines[2] ?? "", /steady\s+RSS\s+80 MiB$/);
+    assert.equal(lines.length, 4);
+    assert.match(
+      lines[0] ?? "",
+      /^PART\s+FIGURE\s+VALUE\s+BASELINE\s+RATIO\s+LIMIT\s+OF LIMIT\s+TARGET\s+NOTE$/,
+    );
+    assert.match(lines[1] ?? "", /ingest\s+rate\s+500 msg\/s\s+1,000 msg\/s \(raw\)\s+0\.50×$/);
+    assert.match(
+      lines[2] ?? "",
+      /fanout\s+roll-out\s+13,000 \/s\s+26,000 \/s \(signing, one core\)\s+0\.50×\s+≥ 0\.5×$/,
+    );
+    assert.match(lines[3] ?? "", /steady\s+RSS\s+80 MiB$/);
   });
 });

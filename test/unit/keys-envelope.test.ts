@@ -5,7 +5,9 @@ import {
   fingerprint,
   generateSigningKeyPair,
   openDeclaration,
+  openDeclarationOffThread,
   sealDeclaration,
+  sealDeclarationOffThread,
   sign,
 } from "../../src/keys/index.js";
 
@@ -180,5 +182,37 @@ void describe("declaration envelope", () => {
     );
     const again = sealDeclaration(encoder.encode("{}"), controlPlane.privateKey, controlPlaneFingerprint);
     assert.equal(again.signer, controlPlaneFingerprint);
+  });
+
+  void test("envelope — sealed and opened on the thread pool as on the caller's thread, with the same refusals", async () => {
+    const bytes = encoder.encode(JSON.stringify(declaration));
+    const envelope = await sealDeclarationOffThread(bytes, controlPlane.privateKey, controlPlaneFingerprint);
+    // Ed25519 is deterministic: the same key over the same bytes gives the same signature on either path.
+    assert.deepEqual(envelope, sealed(bytes));
+    assert.deepEqual(await openDeclarationOffThread(envelope, controlPlane.publicKey), bytes);
+
+    const other = generateSigningKeyPair();
+    const forged = base64(sign(bytes, other.privateKey));
+    const flipped = Buffer.from(envelope.signature, "base64");
+    flipped[0] = (flipped[0] ?? 0) ^ 1;
+    for (const signature of [forged, base64(flipped), base64(new Uint8Array(63))]) {
+      await assert.rejects(
+        openDeclarationOffThread({ ...envelope, signature }, controlPlane.publicKey),
+        refusedWith(/does not verify/),
+      );
+    }
+    const tampered = encoder.encode(JSON.stringify({ ...declaration, sequence: 2 }));
+    await assert.rejects(
+      openDeclarationOffThread({ ...envelope, payload: base64(tampered) }, controlPlane.publicKey),
+      refusedWith(/does not verify/),
+    );
+    await assert.rejects(
+      openDeclarationOffThread(envelope, other.publicKey),
+      refusedWith(/is not the pinned signing key/),
+    );
+    await assert.rejects(
+      sealDeclarationOffThread(bytes, controlPlane.privateKey, fingerprint(other.publicKey)),
+      refusedWith(/is not the fingerprint of the signing key/),
+    );
   });
 });

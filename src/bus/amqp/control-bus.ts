@@ -136,11 +136,14 @@ export class AmqpControlBus implements ControlBus {
   }
 
   /**
-   * Handles what arrives, in order, in runs: the enrolments that arrived together side by side (each is a different
-   * token, and a node can send nothing else before its enrolment is answered), the reports and alives between
-   * them in batches.
+   * Handles what arrives, in order, in runs: each enrolment begun as it comes off the queue, beside those already
+   * begun (each is a different token, and a node can send nothing else before its enrolment is answered), up to
+   * `enrolmentsAtOnce`; the reports and alives between them in batches, without waiting for the enrolments. An
+   * enrolment waits on the management API and the broker's confirms: answered side by side, joiners do not wait
+   * for the slowest of a group.
    */
   private async work(handle: ControlHandler): Promise<void> {
+    const enrolling = new Set<Promise<void>>();
     for await (const arrived of this.arrivals.batches(controlBatchMax)) {
       let start = 0;
       while (start < arrived.length) {
@@ -150,12 +153,13 @@ export class AmqpControlBus implements ControlBus {
         const run = arrived.slice(start, end);
         start = end;
         if (enrols) {
-          for (let first = 0; first < run.length; first += enrolmentsAtOnce) {
-            await Promise.all(
-              run.slice(first, first + enrolmentsAtOnce).map(async (one) => {
-                this.settle(one, await this.enrol(one.message).catch((error: unknown) => this.failed(error)));
-              }),
-            );
+          for (const one of run) {
+            while (enrolling.size >= enrolmentsAtOnce) await Promise.race(enrolling);
+            const answering = this.enrol(one.message)
+              .catch((error: unknown) => this.failed(error))
+              .then((outcome) => this.settle(one, outcome))
+              .finally(() => enrolling.delete(answering));
+            enrolling.add(answering);
           }
           continue;
         }
@@ -165,6 +169,7 @@ export class AmqpControlBus implements ControlBus {
         run.forEach((one, i) => this.settle(one, outcomes[i] ?? "retry"));
       }
     }
+    await Promise.all(enrolling);
   }
 
   private failed(error: unknown): DeliveryOutcome {
