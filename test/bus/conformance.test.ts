@@ -228,6 +228,38 @@ for (const { name, open: openTransport } of transports) {
       await side.close();
     });
 
+    test(`conformance (${name}) — a batch handed back comes again though the batches after it are acknowledged`, async () => {
+      const side = await openControl();
+      const got: ControlDelivery[] = [];
+      let handedBack = 0;
+      void side.bus.consumeControl((batch) => {
+        got.push(...batch);
+        // The first time the followed report comes, its batch is handed back (as when the store fails).
+        const back = batch.some((d) => d.node === "edge-8" && d.body.toString().startsWith("handed back"));
+        if (back && handedBack === 0) {
+          handedBack += 1;
+          return Promise.resolve(batch.map(() => "retry" as const));
+        }
+        return Promise.resolve(batch.map(() => "done" as const));
+      });
+      const { bus: node } = await openNode("edge-8");
+      await node.publishReport(payload("handed back"));
+      await eventually("the report to be handed back", () => (handedBack === 1 ? true : undefined));
+      // Within the second before it is offered again, later reports come and are acknowledged, batch after batch.
+      for (let k = 0; k < 20; k++) await node.publishReport(payload(`after ${k}`));
+      await eventually("the later reports", () =>
+        got.filter((d) => d.node === "edge-8" && d.body.toString().startsWith("after ")).length >= 20
+          ? true
+          : undefined,
+      );
+      const again = await eventually(
+        "the handed-back report again",
+        () => got.filter((d) => d.node === "edge-8" && d.body.toString().startsWith("handed back")).at(1),
+        15_000,
+      );
+      assert.equal(again.redelivered, true, "marked as delivered before");
+    });
+
     test(`conformance (${name}) — after every connection drops, the control plane and the node carry on without a person`, async () => {
       const side = await openControl();
       const got = collect(side);

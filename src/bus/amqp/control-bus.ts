@@ -73,6 +73,12 @@ export class AmqpControlBus implements ControlBus {
   private probe: Promise<Channel> | undefined;
   /** Messages as they arrive, handed over in order. */
   private readonly arrivals = new Arrivals<Arrived>();
+  /**
+   * Each channel's delivery tags not yet acknowledged or handed back, in the order they came: a batch may be
+   * acknowledged with one frame only when nothing before it on its channel is still open (an enrolment being
+   * answered, a message waiting to be handed back).
+   */
+  private readonly open = new Map<Channel, Set<number>>();
   private queue: Promise<void> = Promise.resolve();
 
   constructor(
@@ -128,6 +134,13 @@ export class AmqpControlBus implements ControlBus {
           this.log.error("control.consumer_cancelled", { queue: controlQueue });
           return;
         }
+        let tags = this.open.get(channel);
+        if (tags === undefined) {
+          tags = new Set();
+          this.open.set(channel, tags);
+          channel.once("close", () => this.open.delete(channel));
+        }
+        tags.add(message.fields.deliveryTag);
         this.arrivals.push({ channel, message });
       },
       { noAck: false },
@@ -166,7 +179,9 @@ export class AmqpControlBus implements ControlBus {
         const outcomes = await handle(run.map(({ message }) => this.delivery(message))).catch(
           (error: unknown) => run.map(() => this.failed(error)),
         );
-        run.forEach((one, i) => this.settle(one, outcomes[i] ?? "retry"));
+        if (outcomes.length === run.length && outcomes.every((outcome) => outcome === "done"))
+          this.ackAll(run);
+        else run.forEach((one, i) => this.settle(one, outcomes[i] ?? "retry"));
       }
     }
     await Promise.all(enrolling);
@@ -219,13 +234,51 @@ export class AmqpControlBus implements ControlBus {
     return "done";
   }
 
+  /**
+   * Acknowledges a batch the store has taken: with one frame for all of it (`multiple`, up to its last tag) when
+   * nothing else before that tag is open on its channel, else one by one. A batch spans one channel but across a
+   * reconnection, which settles it one by one too.
+   */
+  private ackAll(batch: readonly Arrived[]): void {
+    const last = batch.at(-1);
+    if (last === undefined) return;
+    const tags = this.open.get(last.channel);
+    const inBatch = new Set(batch.map(({ message }) => message.fields.deliveryTag));
+    const lastTag = last.message.fields.deliveryTag;
+    let alone = tags !== undefined && batch.every(({ channel }) => channel === last.channel);
+    if (alone && tags !== undefined) {
+      for (const tag of tags) {
+        if (tag > lastTag) break;
+        if (!inBatch.has(tag)) {
+          alone = false;
+          break;
+        }
+      }
+    }
+    if (!alone || tags === undefined) {
+      for (const one of batch) this.settle(one, "done");
+      return;
+    }
+    try {
+      last.channel.ack(last.message, true);
+    } catch (error) {
+      // The channel closed with its connection: the broker redelivers the batch, and a repeat is harmless.
+      this.log.warn("control.ack_lost", { error: errorText(error) });
+    }
+    for (const tag of inBatch) tags.delete(tag);
+  }
+
   private settle({ channel, message }: Arrived, outcome: DeliveryOutcome): void {
+    // Open until it is acknowledged or handed back: a batch after it must not acknowledge it with its own.
+    const close = () => this.open.get(channel)?.delete(message.fields.deliveryTag);
     try {
       if (outcome === "done") {
+        close();
         channel.ack(message);
         return;
       }
       setTimeout(() => {
+        close();
         try {
           channel.nack(message, false, true);
         } catch (error) {
