@@ -106,6 +106,17 @@ class DrainClock {
   }
 }
 
+/** A connection to an operator-mode nats-server as the control plane's identity, as `mesh serve` makes one. */
+export async function connectAsControl(data: string, url: string): Promise<NatsConnection> {
+  const identities = openNatsIdentities(data, url);
+  const identity = await identities.controlIdentity();
+  await identities.close();
+  return connect({
+    servers: url,
+    authenticator: jwtAuthenticator(identity.jwt, new TextEncoder().encode(identity.seed)),
+  });
+}
+
 export async function startBenchBroker(
   kind: BrokerKind,
   data: string,
@@ -134,15 +145,7 @@ async function startNats(data: string, dir: string): Promise<BenchBroker> {
   const server = await startNatsServer(config, { host: "127.0.0.1", port }, join(dir, "nats.log"));
   const url = server.url;
   const streams = ["MESH_CONTROL", "MESH_ALIVE"];
-  const control = async (): Promise<NatsConnection> => {
-    const identities = openNatsIdentities(data, url);
-    const identity = await identities.controlIdentity();
-    await identities.close();
-    return connect({
-      servers: url,
-      authenticator: jwtAuthenticator(identity.jwt, new TextEncoder().encode(identity.seed)),
-    });
-  };
+  const control = () => connectAsControl(data, url);
   const { execFileSync } = await import("node:child_process");
   return {
     kind: "nats",

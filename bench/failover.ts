@@ -9,12 +9,10 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { connect, jwtAuthenticator } from "@nats-io/transport-node";
 import { Kvm } from "@nats-io/kv";
-import { openNatsIdentities } from "../src/bus/index.js";
 import { leaseBucket } from "../src/bus/nats/lease-kv.js";
 import { parseHolderRecord } from "../src/link/index.js";
-import { startBenchBroker } from "./broker.js";
+import { connectAsControl, startBenchBroker } from "./broker.js";
 
 export interface FailoverSettings {
   trials: number;
@@ -122,15 +120,4 @@ export async function runFailover(values: FailoverSettings): Promise<FailoverTim
   }
 
   return times;
-}
-
-/** A connection as the control plane's identity, as `mesh serve` makes one. */
-async function connectAsControl(data: string, url: string): Promise<NatsConnection> {
-  const identities = openNatsIdentities(data, url);
-  const identity = await identities.controlIdentity();
-  await identities.close();
-  return connect({
-    servers: url,
-    authenticator: jwtAuthenticator(identity.jwt, new TextEncoder().encode(identity.seed)),
-  });
 }
