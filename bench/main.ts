@@ -28,6 +28,7 @@ import { runFailover } from "./failover.js";
 import type { ServeProcess } from "./mesh.js";
 import type { RoundCpu } from "./mesh.js";
 import {
+  brokerCpuSeconds,
   cpuSeconds,
   cpuSince,
   cpuText,
@@ -282,8 +283,10 @@ async function benchMesh(): Promise<void> {
       await mapLimit([...tokens.values()], options.joinConcurrency, (token) => broker.connectAndLeave(token));
       const connectMs = performance.now() - started;
       let aloneMs: number | undefined;
+      let brokerAloneMs: number | null = null;
       if (broker.joinAlone !== undefined) {
         const alone = broker.joinAlone;
+        const brokerBefore = brokerCpu(broker.pid);
         started = performance.now();
         await mapLimit(
           [...tokens.values()].map((token, index) => ({ token, index })),
@@ -291,19 +294,31 @@ async function benchMesh(): Promise<void> {
           (one) => alone.one(one.token, one.index),
         );
         aloneMs = performance.now() - started;
+        brokerAloneMs = cpuMsSince(brokerBefore, brokerCpu(broker.pid));
         await alone.clear(tokens.size);
         say(`the broker alone: ${N} joins' worth of its work in ${(aloneMs / 1000).toFixed(1)} s`);
       }
+      const brokerBefore = brokerCpu(broker.pid);
+      const serveBefore = cpuSeconds(serve.pid);
       started = performance.now();
       const joins = await lab.join(tokens);
       const totalMs = performance.now() - started;
+      const brokerJoinsMs = cpuMsSince(brokerBefore, brokerCpu(broker.pid));
+      const serveJoinsMs = (cpuSeconds(serve.pid) - serveBefore) * 1000;
       const failed = joins.filter((j) => j.error !== undefined);
       const per = spread(joins.filter((j) => j.error === undefined).map((j) => j.ms));
-      say(`enrolment: ${joins.length - failed.length}/${N} joined in ${(totalMs / 1000).toFixed(1)} s`);
+      say(
+        `enrolment: ${joins.length - failed.length}/${N} joined in ${(totalMs / 1000).toFixed(1)} s; CPU: ` +
+          `serve ${serveJoinsMs.toFixed(0)} ms, the broker ${brokerJoinsMs?.toFixed(0) ?? "?"} ms` +
+          (aloneMs === undefined ? "" : ` (the broker alone: ${brokerAloneMs?.toFixed(0) ?? "?"} ms)`),
+      );
       extra.enrolment = {
         failed: failed.length,
         first_errors: failed.slice(0, 3),
         connect_baseline_ms: connectMs,
+        serve_cpu_ms: serveJoinsMs,
+        broker_cpu_ms: brokerJoinsMs,
+        broker_alone_cpu_ms: brokerAloneMs,
         ...(aloneMs === undefined ? {} : { broker_alone_ms: aloneMs }),
       };
       const note = `${options.joinConcurrency} at once${failed.length > 0 ? `; ${failed.length} failed` : ""}`;
@@ -565,8 +580,10 @@ async function benchMesh(): Promise<void> {
       await preload(broker, lab, sent, R, 1_000_000);
       // The raw consumer runs in this process, which does nothing else meanwhile: its CPU is the consumer's.
       const rawCpuBefore = process.cpuUsage();
+      const brokerBeforeRaw = brokerCpu(broker.pid);
       const raw = await broker.drainRaw();
       const rawCpu = process.cpuUsage(rawCpuBefore);
+      const brokerRawMs = cpuMsSince(brokerBeforeRaw, brokerCpu(broker.pid));
       const rawCpuMs = (rawCpu.user + rawCpu.system) / 1000;
       await preload(broker, lab, sent, R, 2_000_000);
       const pending = await broker.queued();
@@ -574,13 +591,16 @@ async function benchMesh(): Promise<void> {
       serve = startServe(data, broker.url, profileDir, metricsAddress);
       await serve.serving;
       const cpuBefore = cpuSeconds(serve.pid);
+      const brokerBeforeServe = brokerCpu(broker.pid);
       const mesh = await timeServeDrain(serve, metricsAddress, pending);
       const cpuMs = (cpuSeconds(serve.pid) - cpuBefore) * 1000;
+      const brokerServeMs = cpuMsSince(brokerBeforeServe, brokerCpu(broker.pid));
       const rate = (drained: { messages: number; ms: number }) => drained.messages / (drained.ms / 1000);
       say(
         `ingest: serve ${mesh.messages} in ${mesh.ms.toFixed(0)} ms (${cpuMs.toFixed(0)} ms of CPU), ` +
           `steady ${rate(mesh.steady).toFixed(0)} msg/s; raw ${raw.messages} in ${raw.ms.toFixed(0)} ms, ` +
-          `steady ${rate(raw.steady).toFixed(0)} msg/s (${rawCpuMs.toFixed(0)} ms of CPU)`,
+          `steady ${rate(raw.steady).toFixed(0)} msg/s (${rawCpuMs.toFixed(0)} ms of CPU); the broker's CPU: ` +
+          `${brokerServeMs?.toFixed(0) ?? "?"} ms beside serve, ${brokerRawMs?.toFixed(0) ?? "?"} ms beside raw`,
       );
       extra.ingest = {
         backlog: pending,
@@ -591,6 +611,8 @@ async function benchMesh(): Promise<void> {
         raw_ms: raw.ms,
         raw_steady: raw.steady,
         raw_cpu_ms: rawCpuMs,
+        broker_cpu_ms_serve: brokerServeMs,
+        broker_cpu_ms_raw: brokerRawMs,
         warm_up_share: warmUpShare,
         reports_per_node: R,
       };
@@ -623,6 +645,16 @@ async function benchMesh(): Promise<void> {
     await broker.stop();
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/** The broker's CPU seconds so far, or null when it is not a process of this machine the bench knows. */
+function brokerCpu(pid: number | undefined): number | null {
+  return pid === undefined ? null : brokerCpuSeconds(pid);
+}
+
+/** Milliseconds of CPU between two readings, or null when either is missing. */
+function cpuMsSince(before: number | null, after: number | null): number | null {
+  return before === null || after === null ? null : (after - before) * 1000;
 }
 
 /** Publishes one alive and `perNode` reports for each node, as that node. */

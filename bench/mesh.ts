@@ -133,7 +133,7 @@ export function roundCpu(servePid: number, brokerPid: number | undefined): Round
 }
 
 /** The broker's CPU so far, or null once its process is gone (a broker restarted is not the one measured). */
-function brokerCpuSeconds(pid: number): number | null {
+export function brokerCpuSeconds(pid: number): number | null {
   try {
     return cpuSeconds(pid);
   } catch (error) {

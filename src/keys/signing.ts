@@ -97,11 +97,22 @@ export function rawSigningPublicKey(publicKey: KeyObject): Uint8Array {
 }
 
 /**
+ * Keys already encoded: a KeyObject never changes, and the control plane encodes its own in every enrolment's answer
+ * (an export through OpenSSL, a tenth of a millisecond each).
+ */
+const encodedPublicKeys = new WeakMap<KeyObject, string>();
+
+/**
  * The public key as base64 of its raw 32 bytes: the form sent at enrolment, stored and pinned.
  * The raw form is what SSH, WireGuard and most tools print, and it has no encoding choices left to disagree on.
  */
 export function encodeSigningPublicKey(publicKey: KeyObject): string {
-  return Buffer.from(rawSigningPublicKey(publicKey)).toString("base64");
+  let encoded = encodedPublicKeys.get(publicKey);
+  if (encoded === undefined) {
+    encoded = Buffer.from(rawSigningPublicKey(publicKey)).toString("base64");
+    encodedPublicKeys.set(publicKey, encoded);
+  }
+  return encoded;
 }
 
 /**
