@@ -300,16 +300,20 @@ async function benchMesh(): Promise<void> {
       }
       const brokerBefore = brokerCpu(broker.pid);
       const serveBefore = cpuSeconds(serve.pid);
+      const ownBefore = process.cpuUsage();
       started = performance.now();
       const joins = await lab.join(tokens);
       const totalMs = performance.now() - started;
       const brokerJoinsMs = cpuMsSince(brokerBefore, brokerCpu(broker.pid));
+      const own = process.cpuUsage(ownBefore);
+      const joinersMs = (own.user + own.system) / 1000;
       const serveJoinsMs = (cpuSeconds(serve.pid) - serveBefore) * 1000;
       const failed = joins.filter((j) => j.error !== undefined);
       const per = spread(joins.filter((j) => j.error === undefined).map((j) => j.ms));
       say(
         `enrolment: ${joins.length - failed.length}/${N} joined in ${(totalMs / 1000).toFixed(1)} s; CPU: ` +
-          `serve ${serveJoinsMs.toFixed(0)} ms, the broker ${brokerJoinsMs?.toFixed(0) ?? "?"} ms` +
+          `serve ${serveJoinsMs.toFixed(0)} ms, the broker ${brokerJoinsMs?.toFixed(0) ?? "?"} ms, ` +
+          `the joining machines (this process) ${joinersMs.toFixed(0)} ms` +
           (aloneMs === undefined ? "" : ` (the broker alone: ${brokerAloneMs?.toFixed(0) ?? "?"} ms)`),
       );
       extra.enrolment = {
@@ -317,6 +321,7 @@ async function benchMesh(): Promise<void> {
         first_errors: failed.slice(0, 3),
         connect_baseline_ms: connectMs,
         serve_cpu_ms: serveJoinsMs,
+        joiners_cpu_ms: joinersMs,
         broker_cpu_ms: brokerJoinsMs,
         broker_alone_cpu_ms: brokerAloneMs,
         ...(aloneMs === undefined ? {} : { broker_alone_ms: aloneMs }),

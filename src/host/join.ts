@@ -54,8 +54,9 @@ export async function join(request: JoinRequest): Promise<HostIdentity> {
     );
   }
   const keys = state.nodeKeys();
-  const brokerUser = newUserKey();
-  state.saveSecret(brokerSeedFile, brokerUser.seed);
+  // On NATS the node's broker identity is a user key it makes itself; RabbitMQ gives it a password instead.
+  const brokerUser = token.broker.credential.type === "nats" ? newUserKey() : undefined;
+  if (brokerUser !== undefined) state.saveSecret(brokerSeedFile, brokerUser.seed);
 
   const enrol = encodeMessage({
     kind: "enrol",
@@ -65,7 +66,7 @@ export async function join(request: JoinRequest): Promise<HostIdentity> {
     keys: {
       signing: keys.signingPublicKey,
       overlay: keys.overlayPublicKey,
-      broker_user: brokerUser.publicKey,
+      ...(brokerUser === undefined ? {} : { broker_user: brokerUser.publicKey }),
     },
     profile: { ...machineProfile(request.labels), ...request.simulated },
     agent_version: meshVersion(),

@@ -18,9 +18,15 @@ test("nats keys — the nkeys from node:crypto are the library's own, for users,
 });
 
 test("nats keys — a fresh user key's public half matches its seed; the fast signer's signatures verify", () => {
-  const key = newUserKey();
-  assert.match(key.publicKey, /^U[A-Z2-7]{55}$/);
-  assert.equal(key.publicKey, fromSeed(new TextEncoder().encode(key.seed)).getPublicKey());
+  for (let i = 0; i < 20; i++) {
+    const key = newUserKey();
+    assert.match(key.publicKey, /^U[A-Z2-7]{55}$/);
+    assert.match(key.seed, /^SU[A-Z2-7]{56}$/);
+    const fromItsSeed = fromSeed(new TextEncoder().encode(key.seed));
+    assert.equal(key.publicKey, fromItsSeed.getPublicKey());
+    const signed = new TextEncoder().encode(`nonce-${i}`);
+    assert.ok(fromPublic(key.publicKey).verify(signed, fastSigner(fromItsSeed).sign(signed)));
+  }
   const pair = createUser();
   const signer = fastSigner(pair);
   assert.equal(signer.getPublicKey(), pair.getPublicKey());
