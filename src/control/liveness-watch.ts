@@ -26,8 +26,7 @@ export class LivenessWatch {
     // After a restart, the last crossing in the audit trail says where each node stood, so it is not told again:
     // read for the whole fleet at once, the first time only.
     const recorded = this.known.size === 0 ? await this.lastRecorded() : new Map<string, Liveness>();
-    for (const node of await this.store.nodes.list()) {
-      if (node.state !== "enrolled") continue;
+    for (const node of await this.store.nodes.fleet()) {
       const reading = livenessOf(node.lastSeen, now, this.outOfTouchAfterMs, hearing);
       const before = this.known.get(node.name) ?? recorded.get(node.name);
       this.known.set(node.name, reading.liveness);

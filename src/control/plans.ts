@@ -90,8 +90,7 @@ export async function readFleet(store: Store, now: Date, outOfTouchAfterMs: numb
   const nodes: FleetNode[] = [];
   const away = new Map<string, number>();
   const overlayKeys = new Map<string, string>();
-  for (const node of await store.nodes.list()) {
-    if (node.state !== "enrolled") continue;
+  for (const node of await store.nodes.fleet()) {
     nodes.push({ name: node.name, profile: profileOf(node.name, node.profile) });
     if (node.overlayKey !== null) overlayKeys.set(node.name, node.overlayKey);
     const reading = livenessOf(node.lastSeen, now, outOfTouchAfterMs, hearing);

@@ -6,7 +6,7 @@ export { nodeStates } from "./schema.js";
 export type { NodeState } from "./schema.js";
 export { tokenStatus, tokenStatuses } from "./tokens.js";
 export type { NewToken, TokenRecord, TokenStatus } from "./tokens.js";
-export type { Enrolment, NodeRecord, NodeStanding } from "./nodes.js";
+export type { Enrolment, FleetRecord, NodeRecord, NodeStanding } from "./nodes.js";
 export type { DeclarationRecord, LatestSent } from "./declarations.js";
 export { digestKey, sequenceKey } from "./declarations.js";
 export type { AccountRecord } from "./accounts.js";

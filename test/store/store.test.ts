@@ -158,6 +158,17 @@ for (const backend of storeBackends) {
       assert.ok(enrolledNames.includes("db-1") && !enrolledNames.includes("db-2"), enrolledNames.join(", "));
       assert.ok(invitedNames.includes("db-2") && !invitedNames.includes("db-1"), invitedNames.join(", "));
       assert.deepEqual(enrolledNames, [...enrolledNames].sort());
+      // A roll-out and the liveness watch read the enrolled fleet alone, with what they use of each node.
+      const fleet = await store.nodes.fleet();
+      assert.deepEqual(
+        fleet.map((node) => node.name),
+        enrolledNames,
+        "the fleet is the enrolled nodes, in name order",
+      );
+      assert.deepEqual(
+        fleet.find((node) => node.name === "db-1"),
+        { name: "db-1", profile: '{"cpu":2}', overlayKey: "ovl", lastSeen: at(30) },
+      );
       await assert.rejects(
         store.nodes.enrol("nobody", {
           signingKey: "s",
