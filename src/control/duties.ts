@@ -21,6 +21,13 @@ import { applyRetention } from "./retention.js";
 import { RevocationSync } from "./revocation-sync.js";
 import { TokenSweep } from "./token-sweep.js";
 
+/**
+ * The longest a batch of what nodes sent waits for a roll-out under way: a roll-out of 10,000 nodes takes about a
+ * second on NATS and a few on RabbitMQ, and a node's alive counts from when the broker received it, not when it is
+ * read, so the wait moves no node towards out of touch.
+ */
+const rolloutHoldsIngestMs = 5000;
+
 export interface DutiesSettings {
   options: MeshOptions;
   periods: ControlPeriods;
@@ -143,6 +150,7 @@ export class Duties {
     this.consuming = side.bus.consumeControl(async (batch) => {
       // While the store takes no writes the batch waits here, unacknowledged, and nothing more is taken.
       await this.hearing.storeWritable();
+      await this.plans.rollingOut(rolloutHoldsIngestMs);
       if (!gate()) {
         metrics.handedBack(batch.length);
         return batch.map(() => "retry");

@@ -43,6 +43,8 @@ export class PlanWatch {
   /** Until when (monotonic ms) only a new revision is rolled out. */
   private quietUntil = Number.NEGATIVE_INFINITY;
   private failing = false;
+  /** The roll-out under way, if any: what nodes send waits for it (`rollingOut`). */
+  private rolling: Promise<unknown> | undefined;
 
   constructor(private readonly settings: PlanWatchSettings) {}
 
@@ -102,7 +104,9 @@ export class PlanWatch {
       return;
     this.wanted = false;
     const rolloutStarted = performance.now();
-    const rollout = await rollOut(context, epoch);
+    const rolling = rollOut(context, epoch);
+    this.rolling = rolling;
+    const rollout = await rolling.finally(() => (this.rolling = undefined));
     const rolloutEnded = performance.now();
     const rolloutMs = Math.round(rolloutEnded - rolloutStarted);
     this.quietUntil = quietAfter(rolloutEnded, rolloutEnded - startedAt);
@@ -118,6 +122,15 @@ export class PlanWatch {
         ms: rolloutMs,
       });
     }
+  }
+
+  /**
+   * Settles when the roll-out under way ends (at once when none is), however it ends, or after `atMostMs`. Ingest
+   * waits on it: a roll-out and the reports it causes would otherwise share the thread chunk by chunk, and each node's
+   * report waits in its stream, unacknowledged, for a larger and cheaper batch.
+   */
+  rollingOut(atMostMs: number): Promise<void> {
+    return this.rolling === undefined ? Promise.resolve() : settledWithin(this.rolling, atMostMs);
   }
 
   /** The `move_after` periods of the current plan's units, shortest first. */
@@ -159,4 +172,15 @@ export class PlanWatch {
  */
 export function quietAfter(endedAt: number, tookMs: number): number {
   return endedAt + 3 * Math.max(0, tookMs);
+}
+
+/** Settles when `work` does, fulfilled or rejected (its outcome is its owner's to handle), or after `ms`. */
+export async function settledWithin(work: Promise<unknown>, ms: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  const ended = work.then(
+    () => undefined,
+    () => undefined,
+  );
+  await Promise.race([ended, new Promise<void>((resolve) => (timer = setTimeout(resolve, ms)))]);
+  clearTimeout(timer);
 }
