@@ -464,12 +464,17 @@ async function benchMesh(): Promise<void> {
         if (has("fanout")) {
           // What the command adds for each further node: its whole run less its run for one node.
           const marginalMs = Math.max(fanoutMs - oneMs, 1);
+          const rawPublish = {
+            value: nodes.length / (rawMs / 1000),
+            what: "raw publish, same bytes, to each node's own queue",
+          };
           if (rolloutRate !== undefined) {
             figures.push({
               part: "fanout",
               what: "`mesh declare --all`'s roll-out: declarations composed, signed, recorded, sent",
               value: rolloutRate,
               unit: "/s",
+              baseline: rawPublish,
               limit: signingLimit,
               target: "≥ 0.5×",
               note: `median of ${rolloutRates.length} round(s), as \`mesh serve\` logged each (plan.rolled_out)`,
@@ -481,7 +486,7 @@ async function benchMesh(): Promise<void> {
               what: "the same from the command's side: each further node",
               value: (nodes.length - 1) / (marginalMs / 1000),
               unit: "/s",
-              baseline: { value: nodes.length / (rawMs / 1000), what: "raw publish, same bytes" },
+              baseline: rawPublish,
               limit: signingLimit,
               note: "`mesh declare --all` less `mesh declare <one node>`",
             },
