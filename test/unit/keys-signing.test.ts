@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { generateKeyPairSync, randomBytes } from "node:crypto";
+import { createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes } from "node:crypto";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -16,6 +16,7 @@ import {
   generateSigningKeyPair,
   openSshPublicKey,
   sign,
+  signingPrivateKeyFromSeed,
   signingPublicKeyOf,
   verify,
 } from "../../src/keys/index.js";
@@ -191,5 +192,31 @@ void describe("fingerprint", () => {
 
   void test("fingerprint — an invalid raw key is refused with KeyError", () => {
     assert.throws(() => fingerprint("AAAA"), KeyError);
+  });
+});
+
+void describe("signing key from a seed", () => {
+  void test("seed — the key made from 32 bytes is the one PKCS#8 makes from them: same public half, same signatures", () => {
+    for (let round = 0; round < 20; round++) {
+      const seed = randomBytes(32);
+      const fromSeed = signingPrivateKeyFromSeed(seed);
+      const pkcs8 = createPrivateKey({
+        key: Buffer.concat([Buffer.from("302e020100300506032b657004220420", "hex"), seed]),
+        format: "der",
+        type: "pkcs8",
+      });
+      const publicJwk = createPublicKey(fromSeed).export({ format: "jwk" });
+      assert.equal(publicJwk.x, createPublicKey(pkcs8).export({ format: "jwk" }).x);
+      assert.notEqual(publicJwk.x, Buffer.alloc(32).toString("base64url"), "the public half is derived, not taken");
+      // Ed25519 is deterministic: the same key signs the same bytes the same way.
+      assert.deepEqual(sign(message, fromSeed), sign(message, pkcs8));
+      assert.equal(verify(message, sign(message, fromSeed), createPublicKey(pkcs8)), true);
+    }
+  });
+
+  void test("seed — anything but 32 bytes is refused with KeyError", () => {
+    assert.throws(() => signingPrivateKeyFromSeed(randomBytes(31)), KeyError);
+    assert.throws(() => signingPrivateKeyFromSeed(randomBytes(64)), KeyError);
+    assert.throws(() => signingPrivateKeyFromSeed(new Uint8Array()), KeyError);
   });
 });
