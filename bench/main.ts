@@ -41,8 +41,9 @@ import {
 } from "./mesh.js";
 import type { BenchBroker, Drained } from "./broker.js";
 import { startBenchBroker, warmUpShare } from "./broker.js";
-import { outlookFigures, planMeshFigures } from "./plan-figures.js";
+import { outlookFigures, planMeshFigures, rolloutCpuFigure } from "./plan-figures.js";
 import { signingRate } from "./signing.js";
+import type { Rollout } from "./plan-mesh.js";
 import { benchPlanOnMesh, rolloutOf } from "./plan-mesh.js";
 import { benchProfileSets, timeOutlook } from "./plan.js";
 import type { Figure } from "./table.js";
@@ -409,7 +410,7 @@ async function benchMesh(): Promise<void> {
         fanoutMs: number;
         converged: NonNullable<ReturnType<typeof spread>>;
         cpu: RoundCpu;
-        rollout: { sent: number; ms: number } | undefined;
+        rollout: Rollout | undefined;
       }[] = [];
       for (let round = 1; round <= options.rounds; round++) {
         writeFileSync(
@@ -450,6 +451,12 @@ async function benchMesh(): Promise<void> {
         .flatMap((r) => (r.rollout === undefined ? [] : [r.rollout.sent / (r.rollout.ms / 1000)]))
         .sort((a, b) => a - b);
       const rolloutRate = rolloutRates[Math.floor((rolloutRates.length - 1) / 2)];
+      const rolloutCpuRates = rounds
+        .flatMap((r) =>
+          r.rollout === undefined ? [] : [r.rollout.sent / (Math.max(r.rollout.cpuMs, 1) / 1000)],
+        )
+        .sort((a, b) => a - b);
+      const rolloutCpuRate = rolloutCpuRates[Math.floor((rolloutCpuRates.length - 1) / 2)];
       for (const node of nodes) {
         const latest = await store.declarations.latest(node);
         if (latest !== undefined) sent.set(node, latest);
@@ -479,6 +486,10 @@ async function benchMesh(): Promise<void> {
               target: "≥ 0.5×",
               note: `median of ${rolloutRates.length} round(s), as \`mesh serve\` logged each (plan.rolled_out)`,
             });
+          }
+          if (rolloutCpuRate !== undefined) {
+            const which = `median of ${rolloutCpuRates.length} round(s)`;
+            figures.push(rolloutCpuFigure("fanout", rolloutCpuRate, signingLimit, which));
           }
           figures.push(
             {

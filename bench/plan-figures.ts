@@ -53,6 +53,28 @@ export function outlookFigures(t: OutlookTiming): Shown & { line: string } {
   return { figures, json, line };
 }
 
+/**
+ * A roll-out's rate per second of serve's CPU (every thread's, the signing pool's included): the control plane's own
+ * cost per declaration, against the cost of a signature on one core. While a roll-out runs serve takes nothing from
+ * its streams, so this is the roll-out's work alone; its rate in time also waits on the cores the simulated fleet
+ * and the broker share with it.
+ */
+export function rolloutCpuFigure(
+  part: string,
+  perCpuSecond: number,
+  signingLimit: { value: number; what: string } | undefined,
+  which: string,
+): Figure {
+  return {
+    part,
+    what: "the same roll-out per second of serve's CPU (all its threads)",
+    value: perCpuSecond,
+    unit: "/CPU-s",
+    limit: signingLimit,
+    note: `serve's CPU over the roll-out, as it logged it (plan.rolled_out cpu_ms); ${which}`,
+  };
+}
+
 /** The mesh half's figures for the table, and the same for the JSON. */
 export function planMeshFigures(
   m: PlanOnMesh,
@@ -108,6 +130,12 @@ export function planMeshFigures(
             target: "≥ 0.5×",
             note: `${rollout.sent} in ${rollout.ms} ms, as \`mesh serve\` logged it (plan.rolled_out)`,
           },
+          rolloutCpuFigure(
+            "plan",
+            rollout.sent / (Math.max(rollout.cpuMs, 1) / 1000),
+            signingLimit,
+            `${rollout.sent} in ${rollout.cpuMs} ms of CPU`,
+          ),
         ]),
     {
       part: "plan",

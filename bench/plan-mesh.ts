@@ -38,7 +38,7 @@ export interface PlanOnMesh {
     applyMs: number;
     converged: Spread;
     /** The control plane's roll-out of the whole plan, as it logged it. */
-    rollout: { sent: number; ms: number } | undefined;
+    rollout: Rollout | undefined;
   };
   change: {
     /** Nodes the changed unit is placed on, by `allot` in this process over the lab's profiles. */
@@ -81,6 +81,7 @@ const rolloutSchema = z.object({
   revision: z.number(),
   sent: z.number(),
   ms: z.number(),
+  cpu_ms: z.number(),
 });
 const servingSchema = z.object({ event: z.literal("control.serving"), epoch: z.number().nullable() });
 
@@ -229,11 +230,19 @@ function servingEpochOf(log: string): number {
  * The roll-out of `revision` that sent declarations, as the control plane logged it: how many, and how long the
  * whole roll-out took (the plan and the fleet read, composed, signed, recorded, sent).
  */
-export function rolloutOf(log: string, revision: number): { sent: number; ms: number } | undefined {
+/** A roll-out as serve logged it: declarations sent, its time, and serve's CPU over it (every thread's). */
+export interface Rollout {
+  sent: number;
+  ms: number;
+  cpuMs: number;
+}
+
+export function rolloutOf(log: string, revision: number): Rollout | undefined {
   for (const line of log.split("\n")) {
     if (!line.includes('"event":"plan.rolled_out"')) continue;
     const rolled = rolloutSchema.parse(JSON.parse(line));
-    if (rolled.revision === revision && rolled.sent > 0) return { sent: rolled.sent, ms: rolled.ms };
+    if (rolled.revision === revision && rolled.sent > 0)
+      return { sent: rolled.sent, ms: rolled.ms, cpuMs: rolled.cpu_ms };
   }
   return undefined;
 }

@@ -104,11 +104,15 @@ export class PlanWatch {
       return;
     this.wanted = false;
     const rolloutStarted = performance.now();
+    // The process's CPU (every thread's: the signing pool's too) over the roll-out, logged beside its time: while it
+    // runs, what nodes send waits (`rollingOut`), so this is the roll-out's own cost, whatever else shares the cores.
+    const cpuBefore = process.cpuUsage();
     const rolling = rollOut(context, epoch);
     this.rolling = rolling;
     const rollout = await rolling.finally(() => (this.rolling = undefined));
     const rolloutEnded = performance.now();
     const rolloutMs = Math.round(rolloutEnded - rolloutStarted);
+    const cpu = process.cpuUsage(cpuBefore);
     this.quietUntil = quietAfter(rolloutEnded, rolloutEnded - startedAt);
     this.seen = { revision: rollout.revision, fleet, moved };
     this.movable = await this.moveAfters();
@@ -120,6 +124,7 @@ export class PlanWatch {
         unchanged: rollout.unchanged,
         conditions: rollout.conditions.length,
         ms: rolloutMs,
+        cpu_ms: Math.round((cpu.user + cpu.system) / 1000),
       });
     }
   }
