@@ -159,7 +159,8 @@ async function startNats(data: string, dir: string): Promise<BenchBroker> {
       const started = performance.now();
       // Like for like: a declaration is a plain publish to its node's own subject, flushed a chunk at a time.
       for (let start = 0; start < count; start += declarationChunk) {
-        for (let i = start; i < Math.min(count, start + declarationChunk); i++) nc.publish(`bench.raw.${i}`, body);
+        for (let i = start; i < Math.min(count, start + declarationChunk); i++)
+          nc.publish(`bench.raw.${i}`, body);
         await nc.flush();
       }
       const ms = performance.now() - started;
@@ -228,7 +229,16 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
   let fds = await rabbitFds(admin);
   let fdLimitRaised: { from: number; to: number } | undefined;
   if (fds.free < nodes + 100) {
-    const to = Math.max(8192, 2 * (nodes + 100));
+    // Twice what the fleet needs, within what this process may hand on (its own hard limit: raising that takes a
+    // capability this machine's root may lack).
+    const ceiling = hardFdLimit();
+    const to = Math.min(Math.max(8192, 2 * (nodes + 100)), ceiling);
+    if (to < nodes + 200) {
+      throw new Error(
+        `${nodes} nodes need a connection each, and RabbitMQ could have at most ${ceiling} file descriptors ` +
+          `here (this process's hard limit): bench at most ${ceiling - 200} --nodes on RabbitMQ`,
+      );
+    }
     if (beamPid() === undefined || process.getuid?.() !== 0) {
       throw new Error(
         `RabbitMQ here has ${fds.free} free file descriptors and ${nodes} nodes need a connection each: ` +
@@ -336,7 +346,10 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
         const publishAll = async () => {
           for (let start = 0; start < count; start += declarationChunk) {
             for (const queue of queues.slice(start, start + declarationChunk))
-              channel.publish("", queue, Buffer.from(body), { persistent: true, contentType: "application/json" });
+              channel.publish("", queue, Buffer.from(body), {
+                persistent: true,
+                contentType: "application/json",
+              });
             await channel.waitForConfirms();
           }
         };
@@ -403,6 +416,19 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
   };
 }
 
+/** This process's hard limit on open files, which a broker it starts may be given at most. */
+function hardFdLimit(): number {
+  const line = readFileSync("/proc/self/limits", "utf8")
+    .split("\n")
+    .find((row) => row.startsWith("Max open files"));
+  const hard = line?.trim().split(/\s+/)[4];
+  if (hard === "unlimited") return Number.MAX_SAFE_INTEGER;
+  const value = Number(hard);
+  if (!Number.isInteger(value))
+    throw new Error(`cannot read the hard limit on open files from: ${line ?? "nothing"}`);
+  return value;
+}
+
 /** The broker's file descriptors, as its management API counts them (a few seconds after a start). */
 async function rabbitFds(admin: URL): Promise<{ total: number; free: number }> {
   for (let attempt = 0; ; attempt++) {
@@ -418,27 +444,34 @@ async function rabbitFds(admin: URL): Promise<{ total: number; free: number }> {
 
 /**
  * Stops the machine's RabbitMQ and starts it again as its own user with `limit` file descriptors, or as the machine
- * starts it (undefined: its own limits back), then waits for its management API. A raised limit is started through
- * setpriv, not su: su's PAM session would put the soft limit back to 1,024.
+ * starts it (undefined: its own limits back), then waits for its management API. A raised limit is set by root and
+ * kept through setpriv, not su: su's PAM session would put the soft limit back to 1,024. Should the broker not start
+ * with it, it is started the usual way before the error is thrown.
  */
 async function restartRabbit(admin: URL, limit: number | undefined): Promise<void> {
   const { execFileSync } = await import("node:child_process");
   execFileSync("rabbitmqctl", ["stop"], { stdio: "ignore" });
   if (limit === undefined) execFileSync("rabbitmq-server", ["-detached"], { stdio: "ignore" });
-  else
-    execFileSync(
-      "setpriv",
-      [
-        "--reuid=rabbitmq",
-        "--regid=rabbitmq",
-        "--init-groups",
-        "--reset-env",
-        "sh",
-        "-c",
-        `ulimit -n ${limit} && exec /usr/sbin/rabbitmq-server -detached`,
-      ],
-      { stdio: "ignore" },
-    );
+  else {
+    // The limit is raised while still root (past this shell's own hard limit, which the broker's user could not),
+    // then kept across setpriv's change of user.
+    const raised = `ulimit -n ${limit} && exec setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups --reset-env /usr/sbin/rabbitmq-server -detached`;
+    try {
+      execFileSync("sh", ["-c", raised], { stdio: "ignore" });
+    } catch (error) {
+      // The machine is not left without its broker: started its usual way, and the run fails saying why.
+      execFileSync("rabbitmq-server", ["-detached"], { stdio: "ignore" });
+      await rabbitUp(admin);
+      throw new Error(`RabbitMQ would not start with ${limit} file descriptors; it runs again with its own`, {
+        cause: error,
+      });
+    }
+  }
+  await rabbitUp(admin);
+}
+
+/** Waits until RabbitMQ's management API answers. */
+async function rabbitUp(admin: URL): Promise<void> {
   for (let attempt = 0; ; attempt++) {
     const up = await fetch(`${admin.origin}/api/overview`, { headers: { authorization: basic(admin) } }).then(
       (response) => response.ok,
