@@ -207,7 +207,11 @@ void describe("signing key from a seed", () => {
       });
       const publicJwk = createPublicKey(fromSeed).export({ format: "jwk" });
       assert.equal(publicJwk.x, createPublicKey(pkcs8).export({ format: "jwk" }).x);
-      assert.notEqual(publicJwk.x, Buffer.alloc(32).toString("base64url"), "the public half is derived, not taken");
+      assert.notEqual(
+        publicJwk.x,
+        Buffer.alloc(32).toString("base64url"),
+        "the public half is derived, not taken",
+      );
       // Ed25519 is deterministic: the same key signs the same bytes the same way.
       assert.deepEqual(sign(message, fromSeed), sign(message, pkcs8));
       assert.equal(verify(message, sign(message, fromSeed), createPublicKey(pkcs8)), true);
