@@ -43,10 +43,24 @@ export class PlanWatch {
   /** Until when (monotonic ms) only a new revision is rolled out. */
   private quietUntil = Number.NEGATIVE_INFINITY;
   private failing = false;
-  /** The roll-out under way, if any: what nodes send waits for it (`rollingOut`). */
+  /** The sending of a roll-out under way, if any: what nodes send waits for it (`rollingOut`). */
   private rolling: Promise<unknown> | undefined;
 
-  constructor(private readonly settings: PlanWatchSettings) {}
+  private readonly context: RolloutContext;
+
+  constructor(private readonly settings: PlanWatchSettings) {
+    this.context = {
+      ...settings.context,
+      onSending: (sending) => {
+        this.rolling = sending;
+        const ended = () => {
+          if (this.rolling === sending) this.rolling = undefined;
+        };
+        // Its failure is the roll-out's, told there: here it only ends the hold.
+        sending.then(ended, ended);
+      },
+    };
+  }
 
   start(): void {
     if (this.stopped) return;
@@ -82,7 +96,7 @@ export class PlanWatch {
   }
 
   private async look(): Promise<void> {
-    const { store, context, gate, log } = this.settings;
+    const { store, gate, log } = this.settings;
     const epoch = this.settings.epoch();
     if (epoch === undefined || !gate()) return;
     const revision = await store.plans.newest();
@@ -105,11 +119,9 @@ export class PlanWatch {
     this.wanted = false;
     const rolloutStarted = performance.now();
     // The process's CPU (every thread's: the signing pool's too) over the roll-out, logged beside its time: while it
-    // runs, what nodes send waits (`rollingOut`), so this is the roll-out's own cost, whatever else shares the cores.
+    // sends, what nodes send waits (`rollingOut`), so this is the roll-out's own cost, whatever else shares the cores.
     const cpuBefore = process.cpuUsage();
-    const rolling = rollOut(context, epoch);
-    this.rolling = rolling;
-    const rollout = await rolling.finally(() => (this.rolling = undefined));
+    const rollout = await rollOut(this.context, epoch);
     const rolloutEnded = performance.now();
     const rolloutMs = Math.round(rolloutEnded - rolloutStarted);
     const cpu = process.cpuUsage(cpuBefore);
@@ -130,9 +142,10 @@ export class PlanWatch {
   }
 
   /**
-   * Settles when the roll-out under way ends (at once when none is), however it ends, or after `atMostMs`. Ingest
-   * waits on it: a roll-out and the reports it causes would otherwise share the thread chunk by chunk, and each node's
-   * report waits in its stream, unacknowledged, for a larger and cheaper batch.
+   * Settles when the roll-out under way has sent its declarations (at once when none is being sent), however that
+   * ends, or after `atMostMs`. Ingest waits on it: a roll-out and the reports it causes would otherwise share the
+   * thread chunk by chunk, and each node's report waits in its stream, unacknowledged, for a larger and cheaper
+   * batch. A roll-out that sends nothing (the look at a takeover, most often) holds nothing.
    */
   rollingOut(atMostMs: number): Promise<void> {
     return this.rolling === undefined ? Promise.resolve() : settledWithin(this.rolling, atMostMs);

@@ -308,6 +308,8 @@ export interface Rollout {
 
 export interface RolloutContext extends DeclareContext {
   outOfTouchAfterMs: number;
+  /** Told when declarations begin to be sent, with their sending (it settles when they are sent or have failed). */
+  onSending?: (sending: Promise<unknown>) => void;
 }
 
 /**
@@ -331,7 +333,12 @@ export async function rollOut(context: RolloutContext, epoch: number): Promise<R
   const targets = [...outlook.compositions]
     .filter(([node, composition]) => needsSending(composition, last.get(node)))
     .map(([node, composition]) => ({ node, ...composition }));
-  const sent = targets.length === 0 ? [] : await sendDeclarations(context, targets, epoch);
+  let sent: SentDeclaration[] = [];
+  if (targets.length > 0) {
+    const sending = sendDeclarations(context, targets, epoch);
+    context.onSending?.(sending);
+    sent = await sending;
+  }
   await passGate(context, epoch);
   const at = context.now().toISOString();
   await store.plans.writeConditions(outlook.conditions, epoch, at);

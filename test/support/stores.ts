@@ -33,7 +33,7 @@ export const storeBackends: readonly StoreBackend[] = [
 ];
 
 /** Invites `node` with a token of its own and enrols it at `at`, as an answered enrolment leaves the store. */
-export async function enrolled(store: Store, node: string, at: Date): Promise<void> {
+export async function enrolled(store: Store, node: string, at: Date, profile = "{}"): Promise<void> {
   await store.tokens.issue({
     id: `tok_${Buffer.from(node).toString("hex").padEnd(12, "0").slice(0, 12)}`,
     node,
@@ -45,7 +45,7 @@ export async function enrolled(store: Store, node: string, at: Date): Promise<vo
     signingKey: "s",
     overlayKey: "o",
     brokerUser: `U-${node}`,
-    profile: "{}",
+    profile,
     at: at.toISOString(),
   });
 }
