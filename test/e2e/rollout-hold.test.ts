@@ -38,7 +38,10 @@ describe("plan watch — ingest waits while a roll-out sends", () => {
       (await readPlan(store)).plan,
       { all: true },
       {
-        files: [{ path: "/etc/held", content: "every node\n" }],
+        files: [{ type: "file", path: "/etc/held", content: "every node\n" }],
+        users: [],
+        groups: [],
+        services: [],
       },
     );
     await store.plans.write({
