@@ -150,9 +150,25 @@ export async function sendDeclarations(
     }
   } catch (error) {
     if (sent.length === 0 && recorded.length === 0) throw error;
-    throw new MeshError("declared_in_part", partly(names.length, sent, recorded, error), { cause: error });
+    throw new DeclaredInPart(partly(names.length, sent, recorded, error), recorded, { cause: error });
   }
   return sent;
+}
+
+/**
+ * A declaration that failed part-way. `recorded` names the nodes whose declarations are recorded but may not have
+ * reached the broker: the acting control plane sends them again at its next look rather than wait for their alives,
+ * so a later declaration cannot overtake one the operator was told was sent.
+ */
+export class DeclaredInPart extends MeshError {
+  constructor(
+    message: string,
+    readonly recorded: readonly string[],
+    options: { cause: unknown },
+  ) {
+    super("declared_in_part", message, options);
+    this.name = "DeclaredInPart";
+  }
 }
 
 /** What a declaration that failed part-way did: sent, recorded only, and not begun, with the failure. */

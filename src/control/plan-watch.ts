@@ -12,6 +12,7 @@ import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
 import type { RolloutContext } from "./plans.js";
+import { DeclaredInPart, resendLatest } from "./declarations.js";
 import { readFleet, readPlan, rollOut } from "./plans.js";
 
 export interface PlanWatchSettings {
@@ -43,6 +44,8 @@ export class PlanWatch {
   /** Until when (monotonic ms) only a new revision is rolled out. */
   private quietUntil = Number.NEGATIVE_INFINITY;
   private failing = false;
+  /** Nodes whose declaration was recorded by a roll-out that failed before the broker confirmed it. */
+  private readonly unconfirmed = new Set<string>();
   /** The sending of a roll-out under way, if any: what nodes send waits for it (`rollingOut`). */
   private rolling: Promise<unknown> | undefined;
 
@@ -88,6 +91,7 @@ export class PlanWatch {
         (error: unknown) => {
           // Tried again at the next look; said once per run of failures.
           this.wanted = true;
+          if (error instanceof DeclaredInPart) for (const node of error.recorded) this.unconfirmed.add(node);
           if (!this.failing) this.settings.log.error("plan.rollout_failed", { error: errorText(error) });
           this.failing = true;
         },
@@ -117,6 +121,7 @@ export class PlanWatch {
     )
       return;
     this.wanted = false;
+    await this.resendUnconfirmed();
     const rolloutStarted = performance.now();
     // The process's CPU (every thread's: the signing pool's too) over the roll-out, logged beside its time: while it
     // sends, what nodes send waits (`rollingOut`), so this is the roll-out's own cost, whatever else shares the cores.
@@ -149,6 +154,19 @@ export class PlanWatch {
    */
   rollingOut(atMostMs: number): Promise<void> {
     return this.rolling === undefined ? Promise.resolve() : settledWithin(this.rolling, atMostMs);
+  }
+
+  /**
+   * Sends again, exactly as recorded, each declaration a failed roll-out recorded but the broker may not have taken:
+   * before the roll-out that follows, so the node has it before anything newer. A node that fails here is tried at
+   * the next look.
+   */
+  private async resendUnconfirmed(): Promise<void> {
+    const { store, context } = this.settings;
+    for (const node of [...this.unconfirmed]) {
+      await resendLatest(store, context.bus, node);
+      this.unconfirmed.delete(node);
+    }
   }
 
   /** The `move_after` periods of the current plan's units, shortest first. */

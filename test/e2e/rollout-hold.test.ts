@@ -1,13 +1,15 @@
 /**
- * While the acting control plane sends a roll-out's declarations, what nodes send waits (`PlanWatch.rollingOut`),
- * so the roll-out and the reports it causes do not share serve's thread chunk by chunk. The hold covers the sending
- * only: a roll-out that finds nothing to send, as at a takeover, holds nothing. On a real NATS bus and SQLite store,
- * with the bus's publishing held back by the test to see the hold from the inside.
+ * A roll-out's sending, as the acting control plane's plan watch does it. While it sends, what nodes send waits
+ * (`PlanWatch.rollingOut`), so the roll-out and the reports it causes do not share serve's thread chunk by chunk; a
+ * roll-out that finds nothing to send, as at a takeover, holds nothing. A sending that fails part-way leaves a chunk
+ * recorded that the broker may not have taken: the next look sends it again before anything newer. On a real NATS
+ * bus and SQLite store, the bus's publishing held back or failed by the test to see each from the inside.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { ControlBus, ControlSide } from "../../src/bus/index.js";
+import { declarationChunk } from "../../src/control/declarations.js";
 import { PlanWatch } from "../../src/control/plan-watch.js";
 import { pinned, planText, readPlan } from "../../src/control/plans.js";
 import { loadOrCreateSigningKey } from "../../src/keys/index.js";
@@ -20,19 +22,30 @@ import { tempDir } from "../support/tmp.js";
 import type { Transport } from "../support/transports.js";
 import { natsTransport } from "../support/transports.js";
 
-describe("plan watch — ingest waits while a roll-out sends", () => {
+describe("plan watch — a roll-out's sending", () => {
   const dir = tempDir("mesh-rollout-hold-");
   const nodes = Array.from({ length: 300 }, (_, i) => `h${String(i).padStart(5, "0")}`);
   let transport: Transport;
   let side: ControlSide;
-  let store: Store;
+  const stores: Store[] = [];
   // Nodes whose agents hold files: the plan's one unit is placed on every one of them.
   const fileHolder = JSON.stringify({ cpu: 2, memory_mb: 2048, labels: {}, drivers: ["file"] });
 
   before(async () => {
     transport = await natsTransport();
     side = await transport.openControl();
-    store = await openStore(`sqlite:${join(dir.path, "store.db")}`, { historyLimit: 50 });
+  });
+  after(async () => {
+    for (const store of stores) await store.close();
+    await side.close();
+    await transport.stop();
+    dir.remove();
+  });
+
+  /** A fresh store with the whole fleet enrolled and a plan of one unit, a file, for every node. */
+  async function fleetStore(name: string): Promise<Store> {
+    const store = await openStore(`sqlite:${join(dir.path, `${name}.db`)}`, { historyLimit: 50 });
+    stores.push(store);
     for (const node of nodes) await enrolled(store, node, new Date(), fileHolder);
     const plan = pinned(
       (await readPlan(store)).plan,
@@ -51,13 +64,28 @@ describe("plan watch — ingest waits while a roll-out sends", () => {
       by: "test",
       epoch: 1,
     });
-  });
-  after(async () => {
-    await store.close();
-    await side.close();
-    await transport.stop();
-    dir.remove();
-  });
+    return store;
+  }
+
+  /** A plan watch acting at epoch 1 on `store`, sending on `bus`, looking every 50 ms. */
+  function watchOn(store: Store, bus: ControlBus): PlanWatch {
+    return new PlanWatch({
+      context: {
+        store,
+        signing: loadOrCreateSigningKey(join(dir.path, "keys")),
+        bus,
+        now: () => new Date(),
+        outOfTouchAfterMs: 45_000,
+      },
+      store,
+      log: createLogger({ level: "error" }),
+      epoch: () => 1,
+      gate: () => true,
+      everyMs: 50,
+      revisionEveryMs: 50,
+      awayEveryMs: 60_000,
+    });
+  }
 
   test("plan watch — a roll-out that sends holds ingest until its declarations are sent, and one that sends nothing holds nothing", async () => {
     // The real bus, whose publishing waits until the test lets it go.
@@ -77,22 +105,8 @@ describe("plan watch — ingest waits while a roll-out sends", () => {
         };
       },
     });
-    const watch = new PlanWatch({
-      context: {
-        store,
-        signing: loadOrCreateSigningKey(join(dir.path, "keys")),
-        bus,
-        now: () => new Date(),
-        outOfTouchAfterMs: 45_000,
-      },
-      store,
-      log: createLogger({ level: "error" }),
-      epoch: () => 1,
-      gate: () => true,
-      everyMs: 50,
-      revisionEveryMs: 50,
-      awayEveryMs: 60_000,
-    });
+    const store = await fleetStore("held");
+    const watch = watchOn(store, bus);
     try {
       assert.equal(await settledBy(watch.rollingOut(600_000)), true, "nothing is sent yet: nothing is held");
       watch.start();
@@ -114,6 +128,64 @@ describe("plan watch — ingest waits while a roll-out sends", () => {
       assert.equal(publishes, chunks, "an unchanged plan was sent again");
     } finally {
       release();
+      await watch.stop();
+    }
+  });
+
+  test("plan watch — a roll-out whose sending failed part-way sends the recorded declarations again, before anything newer", async () => {
+    const store = await fleetStore("failed-part-way");
+    // The real bus; its first chunk's publishing fails as a lost connection would, after the chunk was recorded.
+    const calls: string[] = [];
+    let chunks = 0;
+    const bus = new Proxy(side.bus, {
+      get(target, property, receiver) {
+        if (property === "publishDeclarations") {
+          return async (batch: Parameters<ControlBus["publishDeclarations"]>[0]) => {
+            if (++chunks === 1) throw new Error("the connection to the broker was lost");
+            for (const { node } of batch) calls.push(`chunk ${node}`);
+            await target.publishDeclarations(batch);
+          };
+        }
+        if (property === "publishDeclaration") {
+          return async (node: string, envelope: Uint8Array) => {
+            calls.push(`again ${node}`);
+            await target.publishDeclaration(node, envelope);
+          };
+        }
+        return Reflect.get(target, property, receiver) as unknown;
+      },
+    });
+    const watch = watchOn(store, bus);
+    try {
+      watch.start();
+      await eventually("the plan to be marked sent", async () =>
+        (await store.plans.sent())?.revision === 1 ? true : undefined,
+      );
+      const firstChunk = nodes.slice(0, declarationChunk);
+      assert.deepEqual(
+        calls.filter((call) => call.startsWith("again ")),
+        firstChunk.map((node) => `again ${node}`),
+        "the chunk recorded when the broker was lost is sent again, each node once",
+      );
+      assert.deepEqual(
+        calls.filter((call) => call.startsWith("chunk ")),
+        nodes.slice(declarationChunk).map((node) => `chunk ${node}`),
+        "the rest is sent by the roll-out that follows",
+      );
+      assert.ok(
+        calls.findIndex((call) => call.startsWith("chunk ")) >
+          calls.lastIndexOf(`again ${firstChunk.at(-1) ?? ""}`),
+        "the recorded chunk goes again before the roll-out that follows sends anything",
+      );
+      const latest = await store.declarations.latestSent();
+      assert.equal(latest.size, nodes.length);
+      // The recorded chunk keeps its sequence; the rest, whose sequences the failed roll-out allocated and never
+      // used, have the next.
+      assert.deepEqual(
+        nodes.map((node) => latest.get(node)?.sequence),
+        nodes.map((_node, index) => (index < declarationChunk ? 1 : 2)),
+      );
+    } finally {
       await watch.stop();
     }
   });
