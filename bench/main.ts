@@ -432,7 +432,11 @@ async function benchMesh(): Promise<void> {
         const rollout = rolloutOf(serve.stderr(), await store.plans.newest());
         say(
           `round ${round}: \`mesh declare --all\` ${fanoutMs.toFixed(0)} ms, slowest node ${c.max.toFixed(0)} ms; ` +
-            `CPU ${cpuText(cpu)}`,
+            `CPU ${cpuText(cpu)}` +
+            (rollout === undefined
+              ? ""
+              : `; serve's roll-out ${rollout.ms} ms (compose ${rollout.composeMs}, send ${rollout.sendMs}), ` +
+                `${rollout.cpuMs} ms of CPU`),
         );
         rounds.push({ fanoutMs, converged: c, cpu, rollout });
       }
@@ -568,6 +572,7 @@ async function benchMesh(): Promise<void> {
         dir,
         store,
         names: lab.names,
+        running: () => lab.runningNodes(),
         applied: appliedNodes,
         converged,
         serve,

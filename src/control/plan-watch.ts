@@ -141,6 +141,8 @@ export class PlanWatch {
         unchanged: rollout.unchanged,
         conditions: rollout.conditions.length,
         ms: rolloutMs,
+        compose_ms: Math.round(rollout.composeMs),
+        send_ms: Math.round(rollout.sendMs),
         cpu_ms: Math.round((cpu.user + cpu.system) / 1000),
       });
     }

@@ -304,6 +304,9 @@ export interface Rollout {
   /** Nodes whose composition was already what they were last sent. */
   unchanged: number;
   conditions: Condition[];
+  /** Where its time went (ms): reading the plan and the fleet and composing, then signing, recording and sending. */
+  composeMs: number;
+  sendMs: number;
 }
 
 export interface RolloutContext extends DeclareContext {
@@ -319,6 +322,7 @@ export interface RolloutContext extends DeclareContext {
  */
 export async function rollOut(context: RolloutContext, epoch: number): Promise<Rollout> {
   const { store } = context;
+  const startedAt = performance.now();
   await passGate(context, epoch);
   const { revision, plan } = await readPlan(store);
   const now = context.now();
@@ -333,12 +337,14 @@ export async function rollOut(context: RolloutContext, epoch: number): Promise<R
   const targets = [...outlook.compositions]
     .filter(([node, composition]) => needsSending(composition, last.get(node)))
     .map(([node, composition]) => ({ node, ...composition }));
+  const composedAt = performance.now();
   let sent: SentDeclaration[] = [];
   if (targets.length > 0) {
     const sending = sendDeclarations(context, targets, epoch);
     context.onSending?.(sending);
     sent = await sending;
   }
+  const sentAt = performance.now();
   await passGate(context, epoch);
   const at = context.now().toISOString();
   await store.plans.writeConditions(outlook.conditions, epoch, at);
@@ -348,6 +354,8 @@ export async function rollOut(context: RolloutContext, epoch: number): Promise<R
     sent,
     unchanged: outlook.compositions.size - targets.length,
     conditions: outlook.conditions,
+    composeMs: composedAt - startedAt,
+    sendMs: sentAt - composedAt,
   };
 }
 

@@ -214,6 +214,16 @@ export class Lab {
     return identity;
   }
 
+  /** The nodes whose agent runs now: joined, started and not stopped since. */
+  runningNodes(): Set<string> {
+    const stoppedNodes = new Set(this.stopped.map((s) => s.node));
+    return new Set(
+      [...this.nodes.values()].flatMap((node) =>
+        node.agent === undefined || stoppedNodes.has(node.name) ? [] : [node.name],
+      ),
+    );
+  }
+
   status(): LabStatus {
     const agents = [...this.nodes.values()].flatMap((node) => (node.agent === undefined ? [] : [node.agent]));
     const stoppedNodes = new Set(this.stopped.map((s) => s.node));

@@ -233,6 +233,42 @@ for (const backend of storeBackends) {
       assert.equal(await store.declarations.latest("decl-none"), undefined);
     });
 
+    test("declarations — many nodes recorded at once: each node's history bounded, the others' untouched", async () => {
+      const nodes = ["trim-a", "trim-b", "trim-c"];
+      for (const [i, node] of nodes.entries()) {
+        await store.tokens.issue({
+          id: `tok_00000000004${i}`,
+          node,
+          secretHash: `c${i}`,
+          createdAt: at(0),
+          expiresAt: at(60),
+        });
+      }
+      const declaration = (node: string, sequence: number) => ({
+        node,
+        sequence,
+        epoch: 7,
+        issuedAt: at(sequence),
+        digest: `sha256:${node}:${sequence}`,
+        envelope: `{"n":${sequence}}`,
+      });
+      // trim-a past the history in one batch and again in the next; trim-b up to it exactly; trim-c once.
+      await store.declarations.recordMany([
+        declaration("trim-a", 1),
+        declaration("trim-b", 1),
+        declaration("trim-a", 2),
+        declaration("trim-a", 3),
+        declaration("trim-a", 4),
+        declaration("trim-b", 2),
+        declaration("trim-c", 1),
+      ]);
+      await store.declarations.recordMany([declaration("trim-a", 5), declaration("trim-b", 3)]);
+      const history = async (node: string) => (await store.declarations.history(node)).map((d) => d.sequence);
+      assert.deepEqual(await history("trim-a"), [5, 4, 3]);
+      assert.deepEqual(await history("trim-b"), [3, 2, 1]);
+      assert.deepEqual(await history("trim-c"), [1]);
+    });
+
     test("accounts — the newest kept account is the recovery copy; history is bounded", async () => {
       await store.tokens.issue({
         id: "tok_000000000015",
