@@ -11,6 +11,7 @@ import amqp from "amqplib";
 import type { ControlIdentities } from "../../src/bus/index.js";
 import { openIdentities } from "../../src/bus/index.js";
 import { AmqpBrokerIdentities } from "../../src/bus/amqp/identities.js";
+import { RabbitManagement } from "../../src/bus/amqp/management.js";
 import { parseAmqpUrl } from "../../src/bus/amqp/link.js";
 import { nodeQueue } from "../../src/link/index.js";
 import { tokensToKeep } from "../../src/control/revocations.js";
@@ -18,7 +19,7 @@ import { issueToken } from "../../src/control/tokens.js";
 import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
 import type { ScratchVhost } from "../support/rabbit.js";
-import { managementGet, scratchVhost } from "../support/rabbit.js";
+import { managementGet, rabbitApiUrl, scratchVhost } from "../support/rabbit.js";
 import { tempDir } from "../support/tmp.js";
 
 describe("RabbitMQ token accounts", () => {
@@ -141,6 +142,23 @@ describe("RabbitMQ token accounts", () => {
     if (end === "the connection stayed open") await connection.close();
     assert.match(end, /CONNECTION_FORCED|320/, "the deleted account's connection is closed by the broker");
     assert.equal(await scratch.api.deleteUsers([first!]), 0, "nothing left to delete is not an error");
+  });
+
+  test("amqp accounts — a bulk delete of many users goes a few to a call, passing over those already gone in any call", async () => {
+    // Three to a call: users gone at a call's start, its middle and its end, and a whole call's worth gone.
+    const api = new RabbitManagement(rabbitApiUrl, 3);
+    const users = Array.from({ length: 14 }, (_, i) => `${scratch.users.prefix}.bulk.${i}`);
+    const gone = new Set([0, 4, 5, 8, 9, 10, 11, 13].map((i) => users[i]));
+    await Promise.all(
+      users.filter((user) => !gone.has(user)).map((user) => api.putUser(user, "bulk-password")),
+    );
+    assert.equal(await api.deleteUsers([...users, users[1]!]), users.length - gone.size);
+    const left = new Set(await api.users());
+    assert.deepEqual(
+      users.filter((user) => left.has(user)),
+      [],
+      "every user listed is gone",
+    );
   });
 
   test("amqp accounts — a node whose queue cannot be made gets no account: the enrolment fails naming why, and nothing is left behind", async () => {
