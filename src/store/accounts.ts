@@ -18,11 +18,26 @@ export interface AccountRecord {
   report: string;
 }
 
+/**
+ * How many accounts a node may gain before its history is trimmed again. Trimming a node walks its index back
+ * `historyLimit` steps and deletes a row from an old page; done at every report it cost as much as keeping the report
+ * (measured on SQLite), done every tenth it costs a tenth. A node holds at most `historyLimit + trimEvery - 1`
+ * accounts, and its history reads `historyLimit` of them, as it always did.
+ */
+const trimEvery = 10;
+
 export class AccountQueries {
   constructor(
     private readonly db: Kysely<Database>,
     private readonly historyLimit: number,
     private readonly statements = new StatementTexts(),
+    /**
+     * Accounts kept per node since this process last trimmed its history, shared by the store and every transaction
+     * it hands out. A node not in it (none kept since this process began) is trimmed at its next account. Should
+     * a transaction that trimmed roll back, the node is trimmed again `trimEvery` accounts later: its history grows
+     * by at most that much meanwhile.
+     */
+    private readonly sinceTrimmed = new Map<string, number>(),
   ) {}
 
   /** Keeps an account as the node's recovery copy and trims the history behind it. */
@@ -36,9 +51,15 @@ export class AccountQueries {
    */
   async keepMany(accounts: readonly AccountRecord[]): Promise<void> {
     if (accounts.length === 0) return;
+    const added = new Map<string, number>();
+    for (const { node } of accounts) added.set(node, (added.get(node) ?? 0) + 1);
+    const due = [...added].flatMap(([node, count]) => {
+      const since = this.sinceTrimmed.get(node);
+      return since === undefined || since + count >= trimEvery ? [node] : [];
+    });
     await inTransaction(this.db, async (trx) => {
       for (const slice of slices(accounts)) await this.insert(trx, slice);
-      for (const nodes of slices([...new Set(accounts.map((account) => account.node))])) {
+      for (const nodes of slices(due)) {
         // Each node's edge is the newest account behind the ones it keeps, found by walking its index back
         // `historyLimit` steps; that account and everything older go. Nodes with no more than that have no edge.
         await this.statements.run(
@@ -73,6 +94,9 @@ export class AccountQueries {
         );
       }
     });
+    for (const [node, count] of added)
+      this.sinceTrimmed.set(node, (this.sinceTrimmed.get(node) ?? 0) + count);
+    for (const node of due) this.sinceTrimmed.set(node, 0);
   }
 
   /** Inserts accounts in one statement, its values bound in the order of the table's columns. */
@@ -113,13 +137,14 @@ export class AccountQueries {
     return copies;
   }
 
-  /** Newest first. */
+  /** Newest first, `historyLimit` at most (until its next trim a node may hold a few more). */
   async history(node: string): Promise<AccountRecord[]> {
     const rows = await this.db
       .selectFrom("accounts")
       .selectAll()
       .where("node", "=", node)
       .orderBy("id", "desc")
+      .limit(this.historyLimit)
       .execute();
     return rows.map(toRecord);
   }

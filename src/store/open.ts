@@ -53,11 +53,13 @@ export class Store {
     private readonly options: StoreOptions,
     /** Statement texts built once, shared with the store handed to each transaction. */
     private readonly statements = new StatementTexts(),
+    /** Accounts kept per node since its history was last trimmed, shared the same way. */
+    private readonly accountsSinceTrimmed = new Map<string, number>(),
   ) {
     this.tokens = new TokenQueries(db);
     this.nodes = new NodeQueries(db, statements);
     this.declarations = new DeclarationQueries(db, options.historyLimit, statements);
-    this.accounts = new AccountQueries(db, options.historyLimit, statements);
+    this.accounts = new AccountQueries(db, options.historyLimit, statements, accountsSinceTrimmed);
     this.events = new EventQueries(db, statements);
     this.epochs = new EpochQueries(db);
     this.counters = new CounterQueries(db);
@@ -73,7 +75,9 @@ export class Store {
    * at all. A transaction inside it is this one.
    */
   async transaction<T>(work: (store: Store) => Promise<T>): Promise<T> {
-    return inTransaction(this.db, (trx) => work(new Store(this.dialect, trx, this.options, this.statements)));
+    return inTransaction(this.db, (trx) =>
+      work(new Store(this.dialect, trx, this.options, this.statements, this.accountsSinceTrimmed)),
+    );
   }
 
   /** The lease kept in this store (for deployments without NATS). */
