@@ -233,7 +233,8 @@ export class RabbitManagement {
     } catch (error) {
       throw new BusError(
         "broker_unreachable",
-        `cannot reach the RabbitMQ management API at ${this.shown}: ${(error as Error).message}` +
+        `cannot reach the RabbitMQ management API at ${this.shown} (${method} ${path.split("?")[0]}): ` +
+          `${(error as Error).message}` +
           " (is the rabbitmq_management plugin enabled?)",
         { cause: error },
       );
