@@ -79,6 +79,11 @@ const extra: Record<string, unknown> = {};
 const planMismatches: string[] = [];
 const has = (part: BenchOptions["parts"][number]) => options.parts.includes(part);
 const meshParts = options.parts.filter((part) => part !== "failover");
+/**
+ * `mesh declare` waits until the acting control plane has sent what it wrote, 10 s by default; a roll-out to 9,800
+ * nodes on RabbitMQ takes longer (the broker's persistent publishing bounds it), so the bench gives it the time.
+ */
+const declareTimeout = ["--timeout", "300s"];
 
 if (has("plan")) {
   // In this process before anything else runs, so its CPU is allot's and compose's alone.
@@ -269,6 +274,8 @@ async function benchMesh(): Promise<void> {
         converged.set(node, performance.now());
     },
   });
+  /** What stopped the run, if anything did: said with whatever stopping the parts met after it, never hidden by it. */
+  let failed: { error: unknown } | undefined;
   try {
     // Enrolment: tokens issued beforehand (as `mesh token issue` does), then every node joins at once.
     const identities = openIdentities(data, { url: broker.url });
@@ -391,7 +398,7 @@ async function benchMesh(): Promise<void> {
         JSON.stringify({ files: [{ path: "/etc/bench-one", content: "declared by the benchmark\n" }] }),
       );
       let startedAt = performance.now();
-      await runMesh(data, ["declare", first, "-f", oneFile, "--json"]);
+      await runMesh(data, ["declare", first, "-f", oneFile, "--json", ...declareTimeout]);
       const oneMs = performance.now() - startedAt;
       await waitFor(() => converged.has(first), 60_000);
       converged.delete(first);
@@ -403,7 +410,11 @@ async function benchMesh(): Promise<void> {
       const running = lab.status().running;
       if (profileDir !== undefined) {
         // Profiled apart: a profiled round is slower, and would be the worst one.
-        await runMesh(data, ["declare", "--all", "-f", declarationFile, "--json"], profileDir);
+        await runMesh(
+          data,
+          ["declare", "--all", "-f", declarationFile, "--json", ...declareTimeout],
+          profileDir,
+        );
         await waitFor(() => converged.size >= running, 300_000);
       }
       const rounds: {
@@ -423,7 +434,7 @@ async function benchMesh(): Promise<void> {
         appliedNodes.clear();
         const cpuBefore = roundCpu(serve.pid, broker.pid);
         startedAt = performance.now();
-        await runMesh(data, ["declare", "--all", "-f", declarationFile, "--json"]);
+        await runMesh(data, ["declare", "--all", "-f", declarationFile, "--json", ...declareTimeout]);
         const fanoutMs = performance.now() - startedAt;
         await waitFor(() => converged.size >= running, 300_000);
         const cpu = cpuSince(cpuBefore, roundCpu(serve.pid, broker.pid));
@@ -663,14 +674,31 @@ async function benchMesh(): Promise<void> {
         target: "≥ 0.8×",
       });
     }
-  } finally {
-    await lab.stop();
-    await store.close();
-    await standby?.stop();
-    await serve.stop();
-    await broker.stop();
-    rmSync(dir, { recursive: true, force: true });
+  } catch (error) {
+    failed = { error };
   }
+  const unstopped: string[] = [];
+  for (const [what, stop] of [
+    ["the lab", () => lab.stop()],
+    ["the store", () => store.close()],
+    ["the standby", async () => standby?.stop()],
+    ["serve", () => serve.stop()],
+    ["the broker", () => broker.stop()],
+  ] as const) {
+    await stop().catch((error: unknown) =>
+      unstopped.push(`${what}: ${error instanceof Error ? error.message : String(error)}`),
+    );
+  }
+  rmSync(dir, { recursive: true, force: true });
+  const stopping = unstopped.length === 0 ? "" : `stopping failed too (${unstopped.join("; ")})`;
+  if (failed !== undefined) {
+    const { error } = failed;
+    if (stopping === "") throw error;
+    throw new Error(`${error instanceof Error ? error.message : String(error)}; ${stopping}`, {
+      cause: error,
+    });
+  }
+  if (stopping !== "") throw new Error(stopping);
 }
 
 /** The broker's CPU seconds so far, or null when it is not a process of this machine the bench knows. */

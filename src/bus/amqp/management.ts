@@ -31,6 +31,11 @@ const apiSockets = 16;
  * enrolment failed every time; 500 take a few hundred ms.
  */
 const bulkDeleteMax = 500;
+/**
+ * How long deleting a vhost may take: the broker deletes every queue in it within the one call, and a vhost of
+ * 9,800 node queues outlasted the 10 s every other call gets.
+ */
+const vhostDeleteTimeoutMs = 120_000;
 
 export class RabbitManagement {
   private readonly base: URL;
@@ -89,7 +94,10 @@ export class RabbitManagement {
   }
 
   async deleteVhost(vhost: string): Promise<void> {
-    await this.call("DELETE", `/vhosts/${enc(vhost)}`, undefined, { missingIsFine: true });
+    await this.call("DELETE", `/vhosts/${enc(vhost)}`, undefined, {
+      missingIsFine: true,
+      timeoutMs: vhostDeleteTimeoutMs,
+    });
   }
 
   /** Creates the user or sets its password; no tags, so it cannot use the management API itself. */
@@ -209,9 +217,15 @@ export class RabbitManagement {
     method: string,
     path: string,
     body: unknown,
-    options: { missingIsFine?: boolean } = {},
+    options: { missingIsFine?: boolean; timeoutMs?: number } = {},
   ): Promise<boolean> {
-    const response = await this.request(method, path, body, options.missingIsFine === true ? [404] : []);
+    const response = await this.request(
+      method,
+      path,
+      body,
+      options.missingIsFine === true ? [404] : [],
+      options.timeoutMs,
+    );
     return response.status !== 404;
   }
 
@@ -226,10 +240,16 @@ export class RabbitManagement {
     path: string,
     body?: unknown,
     answers: readonly number[] = [],
+    timeoutMs = callTimeoutMs,
   ): Promise<Answer> {
     let response: Answer;
     try {
-      response = await this.send(method, path, body === undefined ? undefined : JSON.stringify(body));
+      response = await this.send(
+        method,
+        path,
+        body === undefined ? undefined : JSON.stringify(body),
+        timeoutMs,
+      );
     } catch (error) {
       throw new BusError(
         "broker_unreachable",
@@ -251,7 +271,13 @@ export class RabbitManagement {
    * Sends one request on a kept connection and reads its whole answer. A kept connection the broker closed just as
    * it was reused fails before any answer: the call is made once more on a new one (every call here is idempotent).
    */
-  private send(method: string, path: string, body: string | undefined, retried = false): Promise<Answer> {
+  private send(
+    method: string,
+    path: string,
+    body: string | undefined,
+    timeoutMs: number,
+    retried = false,
+  ): Promise<Answer> {
     const url = new URL(`${this.base.pathname}${path}`, this.base);
     const client = url.protocol === "https:" ? https : http;
     return new Promise<Answer>((resolve, reject) => {
@@ -285,13 +311,13 @@ export class RabbitManagement {
         },
       );
       const timer = setTimeout(
-        () => request.destroy(new Error(`no answer within ${callTimeoutMs} ms`)),
-        callTimeoutMs,
+        () => request.destroy(new Error(`no answer within ${timeoutMs} ms`)),
+        timeoutMs,
       );
       request.on("error", (error: NodeJS.ErrnoException) => {
         clearTimeout(timer);
         if (request.reusedSocket && error.code === "ECONNRESET" && !retried) {
-          resolve(this.send(method, path, body, true));
+          resolve(this.send(method, path, body, timeoutMs, true));
           return;
         }
         reject(error);
