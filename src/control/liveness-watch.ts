@@ -1,14 +1,20 @@
 /**
  * Watches liveness and logs each crossing of the out-of-touch threshold once, in each direction. The ordinary case
- * — a node that stays here — is never logged.
+ * — a node that stays here — is never logged. A node heard again after a silence that crossed the threshold between
+ * two checks (or while the control plane was deaf) went out of touch and came back all the same: both are told.
  */
 import type { Logger } from "../log.js";
-import type { Store } from "../store/index.js";
+import type { HearingRecord, Store } from "../store/index.js";
 import { livenessOf } from "./liveness.js";
 import type { Liveness } from "./liveness.js";
 
+interface Known {
+  liveness: Liveness;
+  lastSeen: string | null;
+}
+
 export class LivenessWatch {
-  private readonly known = new Map<string, Liveness>();
+  private readonly known = new Map<string, Known>();
 
   constructor(
     private readonly store: Store,
@@ -28,17 +34,48 @@ export class LivenessWatch {
     const recorded = this.known.size === 0 ? await this.lastRecorded() : new Map<string, Liveness>();
     for (const node of await this.store.nodes.fleet()) {
       const reading = livenessOf(node.lastSeen, now, this.outOfTouchAfterMs, hearing);
-      const before = this.known.get(node.name) ?? recorded.get(node.name);
-      this.known.set(node.name, reading.liveness);
-      if (before === reading.liveness) continue;
-      if (reading.liveness === "out_of_touch") {
-        this.log.warn("node.out_of_touch", { node: node.name, silent_for_s: reading.outOfTouchForS });
-        await this.record("node.out_of_touch", node.name, { silent_for_s: reading.outOfTouchForS }, now);
+      const was = this.known.get(node.name);
+      const before = was?.liveness ?? recorded.get(node.name);
+      this.known.set(node.name, { liveness: reading.liveness, lastSeen: node.lastSeen });
+      if (before === "here" && reading.liveness === "here") {
+        const silence = this.silenceCrossed(was?.lastSeen ?? null, node.lastSeen, hearing);
+        if (silence === undefined) continue;
+        await this.wentOut(node.name, silence, now);
+        await this.cameBack(node.name, now);
+      } else if (before === reading.liveness) {
+        continue;
+      } else if (reading.liveness === "out_of_touch") {
+        await this.wentOut(node.name, reading.outOfTouchForS, now);
       } else if (reading.liveness === "here" && before === "out_of_touch") {
-        this.log.info("node.back_in_touch", { node: node.name });
-        await this.record("node.back_in_touch", node.name, {}, now);
+        await this.cameBack(node.name, now);
       }
     }
+  }
+
+  /**
+   * When a node was heard at `from` and next at `to`, the seconds it was silent if that silence crossed the
+   * threshold (judged, as always, over the time the control plane heard); undefined when it did not.
+   */
+  private silenceCrossed(
+    from: string | null,
+    to: string | null,
+    hearing: HearingRecord | undefined,
+  ): number | undefined {
+    if (from === null || to === null || to === from) return undefined;
+    // The wall-clock silence bounds the heard one: most nodes, heard every few seconds, stop here.
+    if (Date.parse(to) - Date.parse(from) <= this.outOfTouchAfterMs) return undefined;
+    const between = livenessOf(from, new Date(to), this.outOfTouchAfterMs, hearing);
+    return between.liveness === "out_of_touch" ? (between.outOfTouchForS ?? undefined) : undefined;
+  }
+
+  private async wentOut(node: string, silentForS: number | null, now: Date): Promise<void> {
+    this.log.warn("node.out_of_touch", { node, silent_for_s: silentForS });
+    await this.record("node.out_of_touch", node, { silent_for_s: silentForS }, now);
+  }
+
+  private async cameBack(node: string, now: Date): Promise<void> {
+    this.log.info("node.back_in_touch", { node });
+    await this.record("node.back_in_touch", node, {}, now);
   }
 
   private async lastRecorded(): Promise<Map<string, Liveness>> {

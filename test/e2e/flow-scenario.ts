@@ -482,7 +482,9 @@ export function flowScenario(broker: BrokerName): void {
           /node\.out_of_touch.*web-2/.test(log()) && /node\.back_in_touch.*web-2/.test(log())
             ? true
             : undefined,
-        );
+        ).catch((error: unknown) => {
+          throw new Error(`${String(error)}; the control plane logged:\n${log()}`);
+        });
         assert.equal(log().match(/node\.out_of_touch[^\n]*web-2/g)?.length, 1, "logged once going out");
         assert.equal(log().match(/node\.back_in_touch[^\n]*web-2/g)?.length, 1, "logged once coming back");
       });

@@ -1,6 +1,8 @@
 /**
  * The liveness watch on a real store (SQLite and PostgreSQL): each crossing of the threshold is told once, and a
  * restarted watch reads where every node last stood from the audit trail, however much the trail has grown since.
+ * A silence that crossed the threshold between two checks is told too; one that crossed it only over time nobody
+ * listened is not.
  */
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
@@ -33,11 +35,16 @@ for (const backend of storeBackends) {
       lines
         .filter((line) => (JSON.parse(line) as { event: string }).event === event)
         .map((line) => (JSON.parse(line) as { node: string }).node);
+    const toldOf = (node: string) =>
+      lines
+        .map((line) => JSON.parse(line) as { event: string; node?: string; silent_for_s?: number })
+        .filter((line) => line.node === node);
+    const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
 
     before(async () => {
       location = await backend.fresh();
       store = await openStore(location.url, { historyLimit: 10 });
-      for (const node of ["quiet-1", "chatty-1"]) await enrolled(store, node, clock);
+      for (const node of ["quiet-1", "chatty-1", "brief-1", "deafened-1"]) await enrolled(store, node, clock);
     });
     after(async () => {
       await store.close();
@@ -76,6 +83,64 @@ for (const backend of storeBackends) {
       assert.deepEqual(
         [...(await store.events.latestOfKinds(["node.out_of_touch", "node.back_in_touch"]))],
         [["quiet-1", "node.back_in_touch"]],
+      );
+    });
+
+    test("liveness watch — a node silent past the threshold and back between two checks is told gone and back", async () => {
+      const watching = watch();
+      await store.nodes.touch(new Map([["brief-1", clock.toISOString()]]));
+      await watching.check();
+      assert.deepEqual(toldOf("brief-1"), [], "heard just now: nothing to tell");
+
+      // Silent for 60 s against a threshold of 45 s, heard again before the watch looked.
+      later(60_000);
+      await store.nodes.touch(new Map([["brief-1", clock.toISOString()]]));
+      await watching.check();
+      await watching.check();
+      assert.deepEqual(
+        toldOf("brief-1").map(({ event, silent_for_s }) => [event, silent_for_s]),
+        [
+          ["node.out_of_touch", 60],
+          ["node.back_in_touch", undefined],
+        ],
+      );
+      assert.equal(
+        (await store.events.latestOfKinds(["node.out_of_touch", "node.back_in_touch"])).get("brief-1"),
+        "node.back_in_touch",
+        "the trail ends with it back",
+      );
+
+      // A silence just under the threshold is no crossing.
+      later(44_000);
+      await store.nodes.touch(new Map([["brief-1", clock.toISOString()]]));
+      await watching.check();
+      assert.equal(toldOf("brief-1").length, 2);
+    });
+
+    test("liveness watch — a silence past the threshold only counting time nobody listened is no crossing", async () => {
+      const watching = watch();
+      const start = clock;
+      await store.nodes.touch(new Map([["deafened-1", start.toISOString()]]));
+      await store.hearing.begin(start.toISOString());
+      await watching.check();
+      // Heard for 10 s, deaf for 40 s, heard again for 10 s: 60 s of silence, at most 10 s of it listened to.
+      await store.hearing.heard(later(10_000).toISOString(), start.toISOString());
+      await store.hearing.begin(later(40_000).toISOString());
+      later(10_000);
+      await store.hearing.heard(clock.toISOString(), new Date(clock.getTime() - 10_000).toISOString());
+      await store.nodes.touch(new Map([["deafened-1", clock.toISOString()]]));
+      await watching.check();
+      assert.deepEqual(toldOf("deafened-1"), []);
+
+      // The same silence, all of it listened to, is told.
+      const quietFrom = clock;
+      later(50_000);
+      await store.hearing.heard(clock.toISOString(), new Date(quietFrom.getTime() - 10_000).toISOString());
+      await store.nodes.touch(new Map([["deafened-1", clock.toISOString()]]));
+      await watching.check();
+      assert.deepEqual(
+        toldOf("deafened-1").map(({ event }) => event),
+        ["node.out_of_touch", "node.back_in_touch"],
       );
     });
   });
