@@ -15,6 +15,7 @@ interface Known {
 
 export class LivenessWatch {
   private readonly known = new Map<string, Known>();
+  private looking: Promise<void> | undefined;
 
   constructor(
     private readonly store: Store,
@@ -25,7 +26,15 @@ export class LivenessWatch {
     private readonly hears: () => boolean = () => true,
   ) {}
 
-  async check(): Promise<void> {
+  /**
+   * One look at the fleet. A look asked for while one is under way is that one: a second beside it could finish
+   * after it on older readings and undo what it learnt.
+   */
+  check(): Promise<void> {
+    return (this.looking ??= this.look().finally(() => (this.looking = undefined)));
+  }
+
+  private async look(): Promise<void> {
     if (!this.hears()) return;
     const now = this.now();
     const hearing = await this.store.hearing.read();
