@@ -1,4 +1,4 @@
 #!/usr/bin/env node
-// MESH_DEBUG=1 prints a failure's stack; with source maps on before the bundle loads, it names src/ files and lines.
-if (process.env.MESH_DEBUG === "1") process.setSourceMapsEnabled(true);
-await import("../dist/bundle/mesh.js");
+import { runBundle } from "./run-bundle.js";
+
+runBundle("mesh");

@@ -2,15 +2,15 @@
  * `npm run package`: what a person copies to a machine that has only Node.js 20+. From the build (dist/bundle/) it
  * lays out `dist/package/mesh-<version>/` and packs it as `dist/package/mesh-<version>.tgz`:
  *
- *   bin/mesh.js, bin/mesh-host.js   the executables (`node bin/mesh.js …`)
- *   dist/bundle/                    one bundle per executable, the version baked in
+ *   bin/mesh.js, bin/mesh-host.js   the executables (`node bin/mesh.js …`), and bin/run-bundle.js that both use
+ *   dist/bundle/                    one bundle per executable, the version baked in, and its V8 code cache
  *   node_modules/                   what `mesh` loads outside its bundle: better-sqlite3 with its compiled
  *                                   `build/Release/better_sqlite3.node`, pg, and what they load in turn
  *   package.json                    `"type": "module"` for bin/, the version, and the platform the native part was
  *                                   built for
  *
- * `mesh-host` needs none of node_modules: bin/mesh-host.js with dist/bundle/mesh-host.js and package.json is a whole
- * agent. `--out DIR` writes somewhere else than dist/package (the tests package into a temp dir of their own).
+ * `mesh-host` needs none of node_modules: bin/mesh-host.js and run-bundle.js, dist/bundle/mesh-host.* and package.json
+ * are a whole agent. `--out DIR` writes somewhere else than dist/package (the tests package into a temp dir of their own).
  */
 import { execFileSync } from "node:child_process";
 import { cpSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -43,7 +43,7 @@ const loadedFiles = {
     path === "build/Release/better_sqlite3.node",
 };
 
-for (const bundle of ["mesh.js", "mesh-host.js"]) {
+for (const bundle of ["mesh.cjs", "mesh.cache", "mesh-host.cjs", "mesh-host.cache"]) {
   if (!existsSync(join(root, "dist", "bundle", bundle))) {
     console.error(`package: dist/bundle/${bundle} is missing; run npm run build first`);
     process.exit(1);
@@ -73,7 +73,7 @@ writeFileSync(
       version: manifest.version,
       description: manifest.description,
       license: manifest.license,
-      // bin/*.js are ES modules with top-level await.
+      // bin/*.js are ES modules (the bundles they run are .cjs).
       type: "module",
       bin: manifest.bin,
       engines: manifest.engines,

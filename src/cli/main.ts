@@ -36,4 +36,7 @@ export function meshProgram(): Command {
   return program;
 }
 
-process.exitCode = await runProgram(meshProgram(), process.argv.slice(2));
+// No top-level await: the bundle is CommonJS, loaded with its code cache (bin/run-bundle.js).
+void runProgram(meshProgram(), process.argv.slice(2)).then((code) => {
+  process.exitCode = code;
+});

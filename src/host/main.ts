@@ -17,4 +17,7 @@ export function hostProgram(): Command {
   return program;
 }
 
-process.exitCode = await runProgram(hostProgram(), process.argv.slice(2));
+// No top-level await: the bundle is CommonJS, loaded with its code cache (bin/run-bundle.js).
+void runProgram(hostProgram(), process.argv.slice(2)).then((code) => {
+  process.exitCode = code;
+});

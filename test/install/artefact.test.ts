@@ -5,7 +5,7 @@
  * its own on the one package.
  */
 import assert from "node:assert/strict";
-import { copyFileSync, existsSync, readFileSync } from "node:fs";
+import { copyFileSync, cpSync, existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join, relative } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { runScript } from "../support/cli.js";
@@ -65,8 +65,11 @@ describe("the package (npm run package)", () => {
     for (const part of [
       "bin/mesh.js",
       "bin/mesh-host.js",
-      "dist/bundle/mesh.js",
-      "dist/bundle/mesh-host.js",
+      "bin/run-bundle.js",
+      "dist/bundle/mesh.cjs",
+      "dist/bundle/mesh.cache",
+      "dist/bundle/mesh-host.cjs",
+      "dist/bundle/mesh-host.cache",
       "node_modules/better-sqlite3/build/Release/better_sqlite3.node",
       "node_modules/bindings/package.json",
       "node_modules/pg/package.json",
@@ -109,12 +112,34 @@ describe("the package (npm run package)", () => {
     // The bundle copied alone (it once read ../../package.json at run time and died of ENOENT).
     const alone = tempDir("mesh-bundle-alone-");
     try {
-      const file = join(alone.path, "mesh-host.mjs");
-      copyFileSync(join(made.dir, "dist", "bundle", "mesh-host.js"), file);
+      const file = join(alone.path, "mesh-host.cjs");
+      copyFileSync(join(made.dir, "dist", "bundle", "mesh-host.cjs"), file);
       const run = await runScript(file, ["--version"], { cwd: alone.path });
       assert.equal(run.stdout, `${made.version}\n`, run.stderr);
     } finally {
       alone.remove();
+    }
+  });
+
+  test("package — a bundle changed after its code cache was made runs as changed: the cache is not used for it", async () => {
+    // V8 checks a cache against its source's length only: the same length with other contents would run the old code.
+    const copy = tempDir("mesh-stale-cache-");
+    try {
+      for (const part of ["bin", "dist", "package.json"])
+        cpSync(join(made.hostOnly, part), join(copy.path, part), { recursive: true });
+      const script = join(copy.path, "bin", "mesh-host.js");
+      const before = await runScript(script, ["--version"], { cwd: copy.path });
+      assert.equal(before.stdout, `${made.version}\n`, before.stderr);
+      const other = made.version.replace(/\d/g, (digit) => (digit === "9" ? "8" : "9"));
+      const bundle = join(copy.path, "dist", "bundle", "mesh-host.cjs");
+      const text = readFileSync(bundle, "utf8");
+      assert.ok(text.includes(JSON.stringify(made.version)), "the version is baked into the bundle");
+      writeFileSync(bundle, text.replaceAll(JSON.stringify(made.version), JSON.stringify(other)));
+      assert.equal(readFileSync(bundle).length, Buffer.byteLength(text), "the same length");
+      const after = await runScript(script, ["--version"], { cwd: copy.path });
+      assert.deepEqual({ code: after.code, stdout: after.stdout }, { code: 0, stdout: `${other}\n` });
+    } finally {
+      copy.remove();
     }
   });
 

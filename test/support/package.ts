@@ -20,7 +20,7 @@ export interface ExtractedPackage {
   dir: string;
   /** `mesh` from the package and `mesh-host` from the node's copy. */
   bins: InstalledBins;
-  /** The node's copy: bin/mesh-host.js, dist/bundle/mesh-host.js and package.json — no node_modules. */
+  /** The node's copy: bin/mesh-host.js and run-bundle.js, dist/bundle/mesh-host.*, package.json — no node_modules. */
   hostOnly: string;
   remove(): void;
 }
@@ -38,7 +38,13 @@ export function packageAndExtract(): ExtractedPackage {
     execFileSync("tar", ["-C", machine.path, "-xzf", tarball]);
     const dir = join(machine.path, `mesh-${version}`);
     const hostOnly = join(machine.path, "node");
-    for (const part of ["bin/mesh-host.js", "dist/bundle/mesh-host.js", "package.json"]) {
+    for (const part of [
+      "bin/mesh-host.js",
+      "bin/run-bundle.js",
+      "dist/bundle/mesh-host.cjs",
+      "dist/bundle/mesh-host.cache",
+      "package.json",
+    ]) {
       cpSync(join(dir, part), join(hostOnly, part));
     }
     return {
