@@ -43,5 +43,6 @@ export function runBundle(name) {
     process.once("exit", () => writeFileSync(writeTo, Buffer.concat([hash, script.createCachedData()])));
   }
   const module = { exports: {} };
-  script.runInThisContext()(module.exports, require, module, bundle, dirname(bundle));
+  // As Node runs a CommonJS module: `this` is its exports.
+  script.runInThisContext().call(module.exports, module.exports, require, module, bundle, dirname(bundle));
 }
