@@ -1,7 +1,8 @@
 /**
  * Watches liveness and logs each crossing of the out-of-touch threshold once, in each direction. The ordinary case
  * — a node that stays here — is never logged. A node heard again after a silence that crossed the threshold between
- * two checks (or while the control plane was deaf) went out of touch and came back all the same: both are told.
+ * two checks (or while the control plane was deaf) went out of touch and came back all the same: both are told; so
+ * are the return and the going again of one out of touch at both looks but heard between them.
  */
 import type { Logger } from "../log.js";
 import type { HearingRecord, Store } from "../store/index.js";
@@ -51,6 +52,11 @@ export class LivenessWatch {
         if (silence === undefined) continue;
         await this.wentOut(node.name, silence, now);
         await this.cameBack(node.name, now);
+      } else if (before === "out_of_touch" && reading.liveness === "out_of_touch") {
+        // Heard since the last look, and silent past the threshold again: it came back and went again.
+        if (was === undefined || was.lastSeen === node.lastSeen) continue;
+        await this.cameBack(node.name, now);
+        await this.wentOut(node.name, reading.outOfTouchForS, now);
       } else if (before === reading.liveness) {
         continue;
       } else if (reading.liveness === "out_of_touch") {

@@ -118,6 +118,25 @@ for (const backend of storeBackends) {
       await store.nodes.touch(new Map([["brief-1", clock.toISOString()]]));
       await watching.check();
       assert.equal(toldOf("brief-1").length, 2);
+
+      // Out of touch at one look, heard once, and out of touch again at the next: back, then gone again.
+      later(60_000);
+      await watching.check();
+      later(1000);
+      await store.nodes.touch(new Map([["brief-1", clock.toISOString()]]));
+      later(60_000);
+      await watching.check();
+      await watching.check();
+      assert.deepEqual(
+        toldOf("brief-1")
+          .slice(2)
+          .map(({ event, silent_for_s }) => [event, silent_for_s]),
+        [
+          ["node.out_of_touch", 60],
+          ["node.back_in_touch", undefined],
+          ["node.out_of_touch", 60],
+        ],
+      );
     });
 
     test("liveness watch — a silence past the threshold only counting time nobody listened is no crossing", async () => {
