@@ -1,9 +1,9 @@
 // Runs a command's bundle, dist/bundle/<name>.cjs, with the V8 code cache made for it when it was built
-// (dist/bundle/<name>.cache): V8 takes the code it compiled at build time instead of compiling the 3 MB bundle again at
-// every start. The cache is used only for the very bundle it was made from (its SHA-256 heads
-// the file) and by the very V8 that made it (V8 checks its own version and flags, and refuses it otherwise); without a
-// usable cache the bundle compiles as it always did. MESH_DEBUG=1 loads the bundle through require() instead, with
-// source maps on, so a failure's stack names src/ files and lines.
+// (dist/bundle/<name>.cache): V8 takes the code it compiled at build time instead of compiling the 3 MB bundle again
+// at every start. The cache is used only for the very bundle it was made from (its SHA-256 heads the file) and by the
+// very V8 that made it (V8 checks its own version and flags, and refuses it otherwise); without a usable cache the
+// bundle compiles as it always did. MESH_DEBUG=1 loads the bundle through require() instead, with source maps on, so
+// a failure's stack names src/ files and lines.
 import { Buffer } from "node:buffer";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
