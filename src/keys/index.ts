@@ -7,6 +7,7 @@ export {
   decodeSigningPublicKey,
   encodeSigningPrivateKey,
   encodeSigningPublicKey,
+  ed25519PairAsJwk,
   generateSigningKeyPair,
   rawSigningPublicKey,
   sign,

@@ -5,7 +5,7 @@ import {
   sign as signWithKey,
   verify as verifyWithKey,
 } from "node:crypto";
-import type { KeyObject } from "node:crypto";
+import type { JsonWebKey, KeyObject } from "node:crypto";
 import { KeyError } from "../errors.js";
 import { decodeKeyBase64 } from "./base64.js";
 
@@ -20,10 +20,36 @@ export interface SigningKeyPair {
   privateKey: KeyObject;
 }
 
-/** Generates a fresh Ed25519 key pair. */
+/** node:crypto takes JWK as a key generation's encoding (as `keyObject.export` does); @types/node does not list it. */
+const generateAsJwk = generateKeyPairSync as unknown as (
+  type: "ed25519",
+  options: { privateKeyEncoding: { format: "jwk" }; publicKeyEncoding: { format: "jwk" } },
+) => { privateKey: JsonWebKey; publicKey: JsonWebKey };
+
+/**
+ * A fresh Ed25519 key pair as the raw halves of its JWK form: `d` the 32-byte seed, `x` the public key, base64url.
+ *
+ * Never a key object that `generateKeyPair(Sync)` returns: Node 20 shares a lock between such a key and the job that
+ * made it, holds the lock while an export builds its JavaScript strings, and the job's destructor takes the same
+ * lock. A garbage collection in that window (the job is garbage as soon as the call returns) freezes the thread for
+ * good. Exported inside the job instead, the key has no such twin; a key object is made from this by import.
+ */
+export function ed25519PairAsJwk(): { d: string; x: string } {
+  const { privateKey } = generateAsJwk("ed25519", {
+    privateKeyEncoding: { format: "jwk" },
+    publicKeyEncoding: { format: "jwk" },
+  });
+  const { d, x } = privateKey;
+  if (typeof d !== "string" || typeof x !== "string")
+    throw new KeyError("node:crypto gave no Ed25519 key pair");
+  return { d, x };
+}
+
+/** Generates a fresh Ed25519 key pair, imported from its JWK form ({@link ed25519PairAsJwk} says why). */
 export function generateSigningKeyPair(): SigningKeyPair {
-  const { publicKey, privateKey } = generateKeyPairSync("ed25519");
-  return { publicKey, privateKey };
+  const { d, x } = ed25519PairAsJwk();
+  const privateKey = createPrivateKey({ key: { kty: "OKP", crv: "Ed25519", d, x }, format: "jwk" });
+  return { publicKey: createPublicKey(privateKey), privateKey };
 }
 
 /** The public half of an Ed25519 private key. */

@@ -156,7 +156,11 @@ describe("mesh lab", () => {
       "the lab's nodes to join and run",
       () => /lab: (\d+) nodes running on (\d+) broker connection\(s\)/.exec(lab.stdout()) ?? undefined,
       240_000,
-    );
+    ).catch((error: unknown) => {
+      throw new Error(
+        `${String(error)}; the lab printed:\n${lab.stdout()}\n${lab.stderr().slice(-20_000)}\nthe control plane logged:\n${serve.stderr().slice(-20_000)}`,
+      );
+    });
     assert.match(lab.stdout(), /joined 600\/600/);
     assert.match(lab.stdout(), /600 nodes sharing 6 broker connection\(s\), 100 nodes each/);
     // Each group of 100 was split in four: 24 connections, each identity inside a CONNECT line.

@@ -5,14 +5,19 @@
  */
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { createPublicKey, generateKeyPairSync, sign as signWithKey } from "node:crypto";
+import { createPublicKey, sign as signWithKey } from "node:crypto";
 import type { KeyObject } from "node:crypto";
 import { Algorithms, encodeAccount, encodeOperator, encodeUser } from "@nats-io/jwt";
 import type { KeyPair } from "@nats-io/nkeys";
 import { createAccount, createOperator, fromPublic, fromSeed, Prefix } from "@nats-io/nkeys";
 // The nkey text encoding (prefix, base32, checksum); the package's entry point does not export it.
 import { Codec } from "@nats-io/nkeys/lib/codec.js";
-import { readPrivateFile, signingPrivateKeyFromSeed, writePrivateFile } from "../../keys/index.js";
+import {
+  ed25519PairAsJwk,
+  readPrivateFile,
+  signingPrivateKeyFromSeed,
+  writePrivateFile,
+} from "../../keys/index.js";
 import type { Role } from "../../link/index.js";
 import { natsPermissions } from "../../link/index.js";
 import { largestBrokerMessage, messageLimit, subscriptionLimit } from "../../link/limits.js";
@@ -191,11 +196,10 @@ export function systemUserJwt(authority: NatsAuthority, userPublicKey: string): 
 /**
  * A fresh user key pair; its seed is what the holder keeps secret. Made by node:crypto and written in the nkeys
  * encoding: deriving the public half from an nkeys seed costs an OpenSSL key import (a third of a millisecond) that a
- * key made here does not need.
+ * key made here does not need. The pair comes out already in JWK form ({@link ed25519PairAsJwk}).
  */
 export function newUserKey(): { publicKey: string; seed: string } {
-  const { d, x } = generateKeyPairSync("ed25519").privateKey.export({ format: "jwk" });
-  if (typeof d !== "string" || typeof x !== "string") throw new Error("node:crypto gave no Ed25519 key pair");
+  const { d, x } = ed25519PairAsJwk();
   const text = new TextDecoder();
   return {
     publicKey: text.decode(Codec.encode(Prefix.User, Buffer.from(x, "base64url"))),
