@@ -2,20 +2,24 @@
  * Keeping the broker's revocations up to date. The broker may have started from an older preload (it is not always
  * ours to rewrite), so they are applied when the control plane starts acting and after every reconnection. After an
  * enrolment they are brought up to date shortly, not at once: the joiner is still reading its answer on the token's
- * connection, and a burst of joins shares one update.
+ * connection, and a burst of joins shares one update. That update leaves out every token spent within the grace
+ * (the burst's later joiners are still reading too) and brings them in with one more once their grace has passed.
  */
 import type { ControlIdentities } from "../bus/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
-import { currentRevocations, retiredNodes } from "./revocations.js";
+import { currentRevocations, retiredNodes, revocationsPastGrace } from "./revocations.js";
 
 export interface RevocationSyncSettings {
   store: Store;
   identities: Pick<ControlIdentities, "revoke" | "forget">;
   log: Logger;
   now: () => Date;
-  /** How long `soon()` waits: the token's grace, so the joiner has its answer first. */
+  /**
+   * How long `soon()` waits, and how long after its spending a token's identity is left alone: the token's grace,
+   * so the joiner has its answer first.
+   */
   debounceMs: number;
 }
 
@@ -29,8 +33,13 @@ export class RevocationSync {
 
   /** Applies every current revocation now, and forgets what the broker kept for retired nodes. */
   async sync(): Promise<void> {
-    const { store, identities, now } = this.settings;
-    await identities.revoke(await currentRevocations(store, now()));
+    const { store, now } = this.settings;
+    await this.apply(await currentRevocations(store, now()));
+  }
+
+  private async apply(revoked: Map<string, Date>): Promise<void> {
+    const { store, identities } = this.settings;
+    await identities.revoke(revoked);
     for (const node of await retiredNodes(store)) await identities.forget(node);
   }
 
@@ -45,17 +54,39 @@ export class RevocationSync {
     );
   }
 
-  /** Brings the revocations up to date once `debounceMs` has passed; asked again meanwhile, it is the same one. */
+  /**
+   * Brings the revocations up to date once `debounceMs` has passed; asked again meanwhile, it is the same one. A
+   * token spent within the grace at that moment is revoked by an update of its own when its grace ends.
+   */
   soon(): void {
     if (this.timer !== undefined || this.stopped) return;
+    this.after(this.settings.debounceMs);
+  }
+
+  private after(ms: number): void {
     this.timer = setTimeout(() => {
       this.timer = undefined;
       this.running = this.running
-        .then(() => this.sync())
+        .then(() => this.syncPastGrace())
         .catch((error: unknown) =>
           this.settings.log.error("broker.revocations_not_applied", { error: errorText(error) }),
         );
-    }, this.settings.debounceMs);
+    }, ms);
+  }
+
+  private async syncPastGrace(): Promise<void> {
+    const { store, now, debounceMs } = this.settings;
+    const at = now();
+    const { revoked, heldUntil } = await revocationsPastGrace(store, at, debounceMs);
+    await this.apply(revoked);
+    if (heldUntil !== undefined && this.timer === undefined && !this.stopped) {
+      this.after(Math.max(1, heldUntil.getTime() - at.getTime()));
+    }
+  }
+
+  /** Settles when the updates begun so far have ended (each failure is logged, never thrown here). */
+  settled(): Promise<void> {
+    return this.running;
   }
 
   /** No update starts after this; one under way is waited for. */

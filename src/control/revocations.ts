@@ -13,9 +13,29 @@ import type { Store } from "../store/index.js";
 const storedCredentialSchema = z.object({ user: z.string().min(1) });
 
 export async function currentRevocations(store: Store, now: Date): Promise<Map<string, Date>> {
+  return (await revocationsPastGrace(store, now, 0)).revoked;
+}
+
+/**
+ * The current revocations less the identities of tokens spent within the last `graceMs`: their joiners may still
+ * be reading the answer on the token's connection, which a revocation would close under them. `heldUntil` is when
+ * the first of those left out is due (undefined when none was).
+ */
+export async function revocationsPastGrace(
+  store: Store,
+  now: Date,
+  graceMs: number,
+): Promise<{ revoked: Map<string, Date>; heldUntil: Date | undefined }> {
   const revoked = new Map<string, Date>();
+  const graceFrom = now.getTime() - graceMs;
+  let heldUntil: number | undefined;
   for (const token of await store.tokens.endedIdentities(now)) {
-    revoked.set(brokerUserOf(token.brokerCredential), new Date(token.endedAt));
+    const endedAt = new Date(token.endedAt);
+    if (token.spent && endedAt.getTime() > graceFrom) {
+      heldUntil = Math.min(heldUntil ?? Number.POSITIVE_INFINITY, endedAt.getTime() + graceMs);
+      continue;
+    }
+    revoked.set(brokerUserOf(token.brokerCredential), endedAt);
   }
   for (const node of await store.nodes.retired()) {
     if (node.brokerUser !== null && node.retiredAt !== null) {
@@ -25,7 +45,7 @@ export async function currentRevocations(store: Store, now: Date): Promise<Map<s
   for (const identity of await store.revokedIdentities.list()) {
     if (!revoked.has(identity.brokerUser)) revoked.set(identity.brokerUser, new Date(identity.since));
   }
-  return revoked;
+  return { revoked, heldUntil: heldUntil === undefined ? undefined : new Date(heldUntil) };
 }
 
 /** The broker user kept for a token: `{"user": "..."}` as written at issue time. */

@@ -127,9 +127,12 @@ export class TokenQueries {
 
   /**
    * The broker identities the broker must still refuse for tokens: those of tokens that ended (spent or revoked)
-   * and have not yet expired, with when each ended. Once a token expires the broker refuses its identity by itself.
+   * and have not yet expired, with when each ended and whether it ended by being spent. Once a token expires the
+   * broker refuses its identity by itself.
    */
-  async endedIdentities(now: Date): Promise<Array<{ brokerCredential: string; endedAt: string }>> {
+  async endedIdentities(
+    now: Date,
+  ): Promise<Array<{ brokerCredential: string; endedAt: string; spent: boolean }>> {
     const rows = await this.db
       .selectFrom("tokens")
       .select(["broker_credential", "spent_at", "revoked_at"])
@@ -142,7 +145,7 @@ export class TokenQueries {
       const endedAt = row.spent_at ?? row.revoked_at;
       return row.broker_credential === null || endedAt === null
         ? []
-        : [{ brokerCredential: row.broker_credential, endedAt }];
+        : [{ brokerCredential: row.broker_credential, endedAt, spent: row.spent_at !== null }];
     });
   }
 

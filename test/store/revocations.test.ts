@@ -171,4 +171,55 @@ describe("revocation sync", () => {
     mock.timers.tick(5000);
     assert.equal(pushed.length, 1, "none after stop");
   });
+
+  test("revocation sync — a token spent late in the burst keeps its grace: left out of the burst's update, revoked by the next", async () => {
+    mock.timers.enable({ apis: ["setTimeout", "Date"], now: t0 });
+    const spent = async (id: string, when: Date) => {
+      await store.tokens.issue({
+        id,
+        node: "g-1",
+        secretHash: "00",
+        createdAt: t0.toISOString(),
+        expiresAt: at(3_600_000).toISOString(),
+      });
+      await store.tokens.setBrokerCredential(id, JSON.stringify({ user: `U-${id}` }));
+      await store.tokens.spend(id, when);
+    };
+    const pushed: string[][] = [];
+    const sync = new RevocationSync({
+      store,
+      identities: {
+        revoke: (revoked) => {
+          pushed.push([...revoked.keys()].filter((user) => user.startsWith("U-tok_g")).sort());
+          return Promise.resolve();
+        },
+        forget: () => Promise.resolve(),
+      },
+      log,
+      now: () => new Date(),
+      debounceMs: 2000,
+    });
+    // The first joiner's answer arms the update; the second is answered 1.5 s into the same burst.
+    await spent("tok_gfirst0000", t0);
+    sync.soon();
+    mock.timers.tick(1500);
+    await spent("tok_glate00000", at(1500));
+    sync.soon();
+    mock.timers.tick(500);
+    await sync.settled();
+    assert.deepEqual(
+      pushed,
+      [["U-tok_gfirst0000"]],
+      "the late joiner's identity still stands, 0.5 s after its answer",
+    );
+    mock.timers.tick(1499);
+    await sync.settled();
+    assert.equal(pushed.length, 1, "not before its own grace has passed");
+    mock.timers.tick(1);
+    await sync.settled();
+    assert.deepEqual(pushed[1], ["U-tok_gfirst0000", "U-tok_glate00000"]);
+    mock.timers.tick(10_000);
+    await sync.stop();
+    assert.equal(pushed.length, 2, "nothing held, nothing more");
+  });
 });
