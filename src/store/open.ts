@@ -194,12 +194,20 @@ function describe(error: unknown): string {
   return String(error);
 }
 
+/** How many prepared statements the SQLite store keeps. */
+export const statementsKept = 1000;
+
 /**
  * Kysely prepares every query anew; preparing is a good part of a small query's cost in better-sqlite3. The same
- * SQL text gets the same prepared statement (the set of texts is bounded: queries are built from the code's shapes,
- * values are bound parameters).
+ * SQL text gets the same prepared statement. The texts are the code's shapes, but a shape of many rows or a long
+ * `in` list has a text per length, so the hot paths make hundreds: the least recently used is dropped when more
+ * than `kept` are held. Keeping only the first ones would leave a control plane that has run for days preparing its
+ * hot statements again at every batch.
  */
-function withStatementCache(file: SqliteDatabase.Database): SqliteDatabase.Database {
+export function withStatementCache(
+  file: SqliteDatabase.Database,
+  kept = statementsKept,
+): SqliteDatabase.Database {
   const statements = new Map<string, SqliteDatabase.Statement>();
   return new Proxy(file, {
     get(target, property, receiver) {
@@ -208,8 +216,12 @@ function withStatementCache(file: SqliteDatabase.Database): SqliteDatabase.Datab
           let statement = statements.get(sql);
           if (statement === undefined) {
             statement = target.prepare(sql);
-            if (statements.size < 1000) statements.set(sql, statement);
+            if (statements.size >= kept) statements.delete(statements.keys().next().value as string);
+          } else {
+            // Moved to the newest end: a Map iterates in insertion order, so its first key is the least recent.
+            statements.delete(sql);
           }
+          statements.set(sql, statement);
           return statement;
         };
       }

@@ -9,6 +9,7 @@ import SqliteDatabase from "better-sqlite3";
 import { Kysely, SqliteDialect, sql } from "kysely";
 import { StoreError } from "../../src/errors.js";
 import type { Database } from "../../src/store/schema.js";
+import { withStatementCache } from "../../src/store/open.js";
 import { StatementTexts } from "../../src/store/statements.js";
 import { tempDir } from "../support/tmp.js";
 
@@ -65,4 +66,32 @@ test("statements — values listed in another order than the statement binds the
     db.selectFrom("nodes").select("enrolled_at").where("name", "=", "b"),
   );
   assert.deepEqual(rows, [{ enrolled_at: "t1" }]);
+});
+
+test("statements — the prepared statements kept are the most recently used: a hot one stays past the limit", () => {
+  const file = new SqliteDatabase(join(dir.path, "cache.db"));
+  const prepared: string[] = [];
+  const prepare = file.prepare.bind(file);
+  file.prepare = (text: string) => {
+    prepared.push(text);
+    return prepare(text);
+  };
+  const cached = withStatementCache(file, 3);
+  const hot = "select 0 as n";
+  const ask = (text: string) => (cached.prepare(text).get() as { n: number }).n;
+  // The cache is full before the hot statement first comes.
+  for (const n of [100, 101, 102]) assert.equal(ask(`select ${n} as n`), n);
+  assert.equal(ask(hot), 0);
+  // Ten other texts, the hot one asked for between each: it is never the least recently used.
+  for (let n = 1; n <= 10; n++) {
+    assert.equal(ask(`select ${n} as n`), n);
+    assert.equal(ask(hot), 0);
+  }
+  assert.equal(prepared.filter((text) => text === hot).length, 1, "the hot statement was prepared once");
+  // Three held at most: the oldest of the others was dropped, and is prepared again when it comes back.
+  assert.equal(ask("select 1 as n"), 1);
+  assert.equal(prepared.filter((text) => text === "select 1 as n").length, 2);
+  assert.equal(ask("select 10 as n"), 10);
+  assert.equal(prepared.filter((text) => text === "select 10 as n").length, 1, "a recent one is still held");
+  file.close();
 });
