@@ -13,7 +13,7 @@ import {
   compareDeclarationOrder,
   ContractError,
   emptyDigest,
-  encodeMessage,
+  encodeReceipt,
   judgeReport,
   parseAlive,
   parseReportText,
@@ -148,7 +148,7 @@ export class Ingest {
       await this.receiptsOnTheirWay;
       this.receiptsOnTheirWay = Promise.all(
         batch.receipts.map(({ node, receipt }) =>
-          this.context.bus.publishReceipt(node, encodeMessage(receipt)),
+          this.context.bus.publishReceipt(node, encodeReceipt(receipt)),
         ),
       ).then(
         () => undefined,

@@ -57,6 +57,7 @@ export type { DeclarationHeader } from "./parse.js";
 export {
   declarationEncoder,
   encodeMessage,
+  encodeReceipt,
   envelopeText,
   maxMessageBytes,
   parseAlive,

@@ -4,7 +4,7 @@
  */
 import type { Insertable, Kysely, Selectable } from "kysely";
 import type { AccountTable, Database } from "./schema.js";
-import { StatementTexts } from "./statements.js";
+import { rowValues, StatementTexts } from "./statements.js";
 import { inTransaction, slices } from "./transaction.js";
 
 export interface AccountRecord {
@@ -102,7 +102,7 @@ export class AccountQueries {
   /** Inserts accounts in one statement, its values bound in the order of the table's columns. */
   private async insert(trx: Kysely<Database>, accounts: readonly AccountRecord[]): Promise<void> {
     const rows = accounts.map(toRow);
-    const values = rows.flatMap((row) => Object.values(row));
+    const values = rowValues(rows);
     await this.statements.run(trx, `accounts.insert.${rows.length}`, values, () =>
       trx.insertInto("accounts").values(rows),
     );

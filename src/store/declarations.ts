@@ -2,7 +2,7 @@
 import type { Kysely, Selectable } from "kysely";
 import type { Database, DeclarationTable } from "./schema.js";
 import { MeshError } from "../errors.js";
-import { StatementTexts } from "./statements.js";
+import { rowValues, StatementTexts } from "./statements.js";
 import { inTransaction, slices } from "./transaction.js";
 
 export interface DeclarationRecord {
@@ -50,11 +50,8 @@ export class DeclarationQueries {
           envelope: declaration.envelope,
           units: JSON.stringify(declaration.units ?? []),
         }));
-        await this.statements.run(
-          trx,
-          `declarations.insert.${rows.length}`,
-          rows.flatMap((row) => Object.values(row)),
-          () => trx.insertInto("declarations").values(rows),
+        await this.statements.run(trx, `declarations.insert.${rows.length}`, rowValues(rows), () =>
+          trx.insertInto("declarations").values(rows),
         );
       }
       for (const { node, sequence } of declarations) {

@@ -3,7 +3,7 @@ import type { Kysely, Selectable } from "kysely";
 import { z } from "zod";
 import { StoreError } from "../errors.js";
 import type { Database, EventTable } from "./schema.js";
-import { StatementTexts } from "./statements.js";
+import { rowValues, StatementTexts } from "./statements.js";
 import { inTransaction, slices } from "./transaction.js";
 
 export interface MeshEvent {
@@ -40,11 +40,8 @@ export class EventQueries {
           epoch: event.epoch,
           detail: JSON.stringify(event.detail),
         }));
-        await this.statements.run(
-          trx,
-          `events.insert.${rows.length}`,
-          rows.flatMap((row) => Object.values(row)),
-          () => trx.insertInto("events").values(rows),
+        await this.statements.run(trx, `events.insert.${rows.length}`, rowValues(rows), () =>
+          trx.insertInto("events").values(rows),
         );
       }
     });

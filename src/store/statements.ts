@@ -41,3 +41,16 @@ export class StatementTexts {
     return db.executeQuery<R>(CompiledQuery.raw(text, [...values]));
   }
 }
+
+/**
+ * The values of rows, row after row and each in its own key order: what a many-row insert built from the same rows
+ * binds. A plain loop: `flatMap` over `Object.values` makes two arrays a row, ten times the cost, on the paths that
+ * write a batch of reports or a chunk of declarations.
+ */
+export function rowValues(rows: readonly object[]): unknown[] {
+  const values: unknown[] = [];
+  for (const row of rows) {
+    for (const key in row) values.push((row as Record<string, unknown>)[key]);
+  }
+  return values;
+}

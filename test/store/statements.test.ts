@@ -10,7 +10,7 @@ import { Kysely, SqliteDialect, sql } from "kysely";
 import { StoreError } from "../../src/errors.js";
 import type { Database } from "../../src/store/schema.js";
 import { withStatementCache } from "../../src/store/open.js";
-import { StatementTexts } from "../../src/store/statements.js";
+import { rowValues, StatementTexts } from "../../src/store/statements.js";
 import { tempDir } from "../support/tmp.js";
 
 const dir = tempDir("mesh-statements-");
@@ -94,4 +94,13 @@ test("statements — the prepared statements kept are the most recently used: a 
   assert.equal(ask("select 10 as n"), 10);
   assert.equal(prepared.filter((text) => text === "select 10 as n").length, 1, "a recent one is still held");
   file.close();
+});
+
+test("statements — a many-row insert's values are the rows' values, row after row, each in its key order", () => {
+  const rows = [
+    { node: "a", epoch: 1, report: null },
+    { node: "b", epoch: 2, report: "{}" },
+  ];
+  assert.deepEqual(rowValues(rows), ["a", 1, null, "b", 2, "{}"]);
+  assert.deepEqual(rowValues([]), []);
 });
