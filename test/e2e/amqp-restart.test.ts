@@ -165,10 +165,17 @@ describe("mesh serve on RabbitMQ through a broker restart", () => {
     // Neither process exited, and the control plane says it lost the broker and came back.
     assert.equal(serve.child.exitCode, null, serve.stderr());
     assert.equal(agent.child.exitCode, null, agent.stderr());
-    assert.match(serve.stderr(), /"event":"broker\.disconnected"/);
-    assert.match(serve.stderr(), /"event":"broker\.reconnected"/);
-    assert.match(agent.stderr(), /"event":"broker\.disconnected"/, "the agent says it lost the broker");
-    assert.match(agent.stderr(), /"event":"broker\.reconnected"/, "and that it is back");
+    // Their logs come through pipes, read as the test's own loop gets to them: waited for, not taken as read.
+    const says = (who: string, log: () => string, event: RegExp) =>
+      eventually(`${who} to log ${event.source}`, () => (event.test(log()) ? true : undefined)).catch(
+        (error: unknown) => {
+          throw new Error(`${String(error)}; it logged:\n${log()}`);
+        },
+      );
+    await says("the control plane", () => serve.stderr(), /"event":"broker\.disconnected"/);
+    await says("the control plane", () => serve.stderr(), /"event":"broker\.reconnected"/);
+    await says("the agent", () => agent.stderr(), /"event":"broker\.disconnected"/);
+    await says("the agent", () => agent.stderr(), /"event":"broker\.reconnected"/);
     assert.equal(await controlConsumers(), 1, "the control plane consumes again");
   });
 });
