@@ -13,6 +13,9 @@ export const nodeName = z.string().regex(nodeNamePattern, {
   error: "expected a node name: 1–63 of a-z, 0-9 and '-', not starting or ending with '-'",
 });
 
+/** The pattern `timestamp` holds text to (zod's own for an ISO 8601 date and time with an offset). */
+export const timestampPattern = z.regexes.datetime({ offset: true, local: false });
+
 export const timestamp = z.iso.datetime({
   offset: true,
   error: "expected an ISO 8601 timestamp such as 2026-11-29T14:49:00Z",
@@ -54,7 +57,8 @@ const fingerprint = z.string().regex(/^SHA256:[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048
 });
 
 /** The name of one declaration: `sha256:` and lowercase hex, as the composer computes it. */
-const digest = z.string().regex(/^sha256:[0-9a-f]{64}$/, {
+export const digestPattern = /^sha256:[0-9a-f]{64}$/;
+const digest = z.string().regex(digestPattern, {
   error: 'expected a digest: "sha256:" and 64 lowercase hex digits',
 });
 
@@ -66,10 +70,12 @@ const heldSequence = z.int().min(0);
 const reportSequence = z.int().min(0);
 
 /** A declared item's identity, `<type>:<name>`, e.g. `file:/etc/motd`; reports name items by it. */
+export const itemIdPattern = /^[a-z_]+:.+$/s;
+export const itemIdMaxChars = 4_096;
 const itemId = z
   .string()
-  .max(4_096)
-  .regex(/^[a-z_]+:.+$/s, { error: 'expected an item id "<type>:<name>", e.g. "file:/etc/motd"' });
+  .max(itemIdMaxChars)
+  .regex(itemIdPattern, { error: 'expected an item id "<type>:<name>", e.g. "file:/etc/motd"' });
 
 /** Label keys exclude a leading '_' or '.' so no key can reach an object's prototype. */
 export const labelKey = z.string().regex(/^[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$/, {

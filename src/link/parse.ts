@@ -3,6 +3,7 @@ import { z } from "zod";
 import { ContractError } from "./errors.js";
 import type { DeclaredItem } from "./items.js";
 import { nodeNamePattern } from "./names.js";
+import { quickAlive, quickReport } from "./quick-check.js";
 import {
   declarationEpoch,
   declarationSequence,
@@ -40,9 +41,21 @@ const encoder = new TextEncoder();
 export function parseMessage<K extends MessageKind>(kind: K, input: unknown): MessageOf<K> {
   if (!messageKinds.includes(kind))
     throw new ContractError(`unknown message kind ${JSON.stringify(String(kind))}`);
-  const value =
-    input instanceof Uint8Array || typeof input === "string" ? readJson(kind, readText(kind, input)) : input;
-  return checkMessage(kind, value);
+  if (input instanceof Uint8Array || typeof input === "string")
+    return checkJson(kind, readJson(kind, readText(kind, input)));
+  return checkMessage(kind, input);
+}
+
+/** The kinds read for nearly every message a node sends, with a check for their plain shape (`quick-check.ts`). */
+const quickChecks: { [K in MessageKind]?: (value: unknown) => MessageOf<K> | undefined } = {
+  report: quickReport,
+  alive: quickAlive,
+};
+
+/** Checks a value JSON.parse made: its plain shape quickly where that is known, anything else by the schema. */
+function checkJson<K extends MessageKind>(kind: K, value: unknown): MessageOf<K> {
+  const quick = quickChecks[kind];
+  return quick?.(value) ?? checkMessage(kind, value);
 }
 
 /** Checks a decoded value against the schema of `kind`. */
@@ -102,7 +115,7 @@ export function parseReport(input: unknown): Report {
 /** Parses a report from its bytes, and gives back the text they spell, as the account keeps it. */
 export function parseReportText(bytes: Uint8Array): { report: Report; text: string } {
   const text = readText("report", bytes);
-  return { report: checkMessage("report", readJson("report", text)), text };
+  return { report: checkJson("report", readJson("report", text)), text };
 }
 
 /** Parses a `receipt` message. */
