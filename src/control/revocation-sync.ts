@@ -3,7 +3,8 @@
  * ours to rewrite), so they are applied when the control plane starts acting and after every reconnection. After an
  * enrolment they are brought up to date shortly, not at once: the joiner is still reading its answer on the token's
  * connection, and a burst of joins shares one update. That update leaves out every token spent within the grace
- * (the burst's later joiners are still reading too) and brings them in with one more once their grace has passed.
+ * (the burst's later joiners are still reading too) and brings them in with one more once their grace has passed,
+ * and no sooner than one grace after it: a long burst gets one update per grace, not one per join.
  */
 import type { ControlIdentities } from "../bus/index.js";
 import type { Logger } from "../log.js";
@@ -80,7 +81,10 @@ export class RevocationSync {
     const { revoked, heldUntil } = await revocationsPastGrace(store, at, debounceMs);
     await this.apply(revoked);
     if (heldUntil !== undefined && this.timer === undefined && !this.stopped) {
-      this.after(Math.max(1, heldUntil.getTime() - at.getTime()));
+      // No sooner than one grace after this update, however soon the next held token is due: while a fleet joins
+      // there is always one about to be due, and each update is a pass over every ended token (on NATS, a new
+      // account JWT for the server). So a burst gets one update per grace, and a token is revoked within two.
+      this.after(Math.max(debounceMs, heldUntil.getTime() - at.getTime()));
     }
   }
 

@@ -172,7 +172,7 @@ describe("revocation sync", () => {
     assert.equal(pushed.length, 1, "none after stop");
   });
 
-  test("revocation sync — a token spent late in the burst keeps its grace: left out of the burst's update, revoked by the next", async () => {
+  test("revocation sync — a token spent late in the burst keeps its grace: left out of the burst's update, revoked by the next, a grace later", async () => {
     mock.timers.enable({ apis: ["setTimeout", "Date"], now: t0 });
     const spent = async (id: string, when: Date) => {
       await store.tokens.issue({
@@ -215,11 +215,74 @@ describe("revocation sync", () => {
     mock.timers.tick(1499);
     await sync.settled();
     assert.equal(pushed.length, 1, "not before its own grace has passed");
+    // Its grace ended at 3.5 s; the next update is one grace after the last, at 4 s.
+    mock.timers.tick(500);
+    await sync.settled();
+    assert.equal(pushed.length, 1, "not sooner than a grace after the update before");
     mock.timers.tick(1);
     await sync.settled();
     assert.deepEqual(pushed[1], ["U-tok_gfirst0000", "U-tok_glate00000"]);
     mock.timers.tick(10_000);
     await sync.stop();
     assert.equal(pushed.length, 2, "nothing held, nothing more");
+  });
+
+  test("revocation sync — a long burst of joins gets one update per grace, each token revoked after its grace and within two", async () => {
+    mock.timers.enable({ apis: ["setTimeout", "Date"], now: t0 });
+    const graceMs = 2000;
+    const spentAt = new Map<string, number>();
+    const updates: Array<{ at: number; revoked: string[] }> = [];
+    const sync = new RevocationSync({
+      store,
+      identities: {
+        revoke: (revoked) => {
+          updates.push({ at: Date.now(), revoked: [...revoked.keys()].filter((user) => spentAt.has(user)) });
+          return Promise.resolve();
+        },
+        forget: () => Promise.resolve(),
+      },
+      log,
+      now: () => new Date(),
+      debounceMs: graceMs,
+    });
+    // A join answered every 25 ms for 10 s, each arming the update as an enrolment does.
+    for (let join = 0; join < 400; join++) {
+      const id = `tok_burst${String(join).padStart(5, "0")}`;
+      await store.tokens.issue({
+        id,
+        node: `b-${join}`,
+        secretHash: "00",
+        createdAt: t0.toISOString(),
+        expiresAt: at(hour).toISOString(),
+      });
+      await store.tokens.setBrokerCredential(id, JSON.stringify({ user: `U-${id}` }));
+      await store.tokens.spend(id, new Date());
+      spentAt.set(`U-${id}`, Date.now());
+      sync.soon();
+      mock.timers.tick(25);
+      await sync.settled();
+    }
+    const burstEnded = Date.now();
+    for (let waited = 0; waited < 3 * graceMs; waited += 100) {
+      mock.timers.tick(100);
+      await sync.settled();
+    }
+    await sync.stop();
+    // 10 s of joins and what follows: an update per grace, not one per join.
+    assert.ok(updates.length <= 10_000 / graceMs + 2, `${updates.length} updates for a burst of 10 s`);
+    for (const update of updates) {
+      for (const user of update.revoked) {
+        const spent = spentAt.get(user) ?? Number.NaN;
+        assert.ok(update.at - spent >= graceMs, `${user} revoked ${update.at - spent} ms after its spending`);
+      }
+    }
+    const last = updates.at(-1);
+    assert.equal(last?.revoked.length, spentAt.size, "every spent token revoked in the end");
+    for (const user of spentAt.keys()) {
+      const first = updates.find((update) => update.revoked.includes(user));
+      const spent = spentAt.get(user) ?? Number.NaN;
+      assert.ok(first !== undefined && first.at - spent <= 2 * graceMs, `${user} revoked within two graces`);
+    }
+    assert.ok((last?.at ?? 0) <= burstEnded + 2 * graceMs);
   });
 });
