@@ -10,10 +10,9 @@ import { z } from "zod";
 import { MeshError } from "../errors.js";
 import {
   decodeSigningPrivateKey,
-  encodeSigningPrivateKey,
   encodeSigningPublicKey,
   generateOverlayKeyPair,
-  generateSigningKeyPair,
+  newSigningKey,
   overlayPublicKeyOf,
   readPrivateFile,
   signingPublicKeyOf,
@@ -141,11 +140,15 @@ export class HostState {
     // Keys made here are used as made; keys already here are read from their files (decoding one costs a third of
     // a millisecond, which a fleet of simulated nodes joining at once pays thousands of times).
     let signingPrivateKey: KeyObject;
+    let signingPublicKey: string;
     if (this.exists(stateFiles.signingKey)) {
       signingPrivateKey = this.decode(stateFiles.signingKey, decodeSigningPrivateKey);
+      signingPublicKey = encodeSigningPublicKey(signingPublicKeyOf(signingPrivateKey));
     } else {
-      signingPrivateKey = generateSigningKeyPair().privateKey;
-      this.writePrivate(stateFiles.signingKey, encodeSigningPrivateKey(signingPrivateKey));
+      const made = newSigningKey();
+      signingPrivateKey = made.privateKey;
+      signingPublicKey = made.publicKey;
+      this.writePrivate(stateFiles.signingKey, made.pem);
     }
     let overlayPublicKey: string;
     if (this.exists(stateFiles.overlayKey)) {
@@ -156,7 +159,7 @@ export class HostState {
       overlayPublicKey = pair.publicKey;
     }
     return {
-      signingPublicKey: encodeSigningPublicKey(signingPublicKeyOf(signingPrivateKey)),
+      signingPublicKey,
       signingPrivateKey,
       overlayPublicKey,
     };

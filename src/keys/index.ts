@@ -9,6 +9,7 @@ export {
   encodeSigningPublicKey,
   ed25519PairAsJwk,
   generateSigningKeyPair,
+  newSigningKey,
   rawSigningPublicKey,
   sign,
   signatureLength,

@@ -1,12 +1,14 @@
-import { createPrivateKey, createPublicKey, generateKeyPairSync } from "node:crypto";
+import { createPrivateKey, createPublicKey } from "node:crypto";
 import { KeyError } from "../errors.js";
 import { decodeKeyBase64 } from "./base64.js";
+import { x25519PairAsJwk } from "./signing.js";
 
 /** Length in bytes of a raw X25519 key, private or public. */
 export const overlayKeyLength = 32;
 
 // X25519 PKCS#8 and SubjectPublicKeyInfo DER are fixed headers (algorithm OID 1.3.101.110) followed by the raw 32
-// bytes. Working in DER keeps us off the JWK export, which does not return for X25519 keys on Node 20.
+// bytes. A public key is worked out in DER: a JWK export from a key object can freeze the thread on Node 20 (see
+// ed25519PairAsJwk).
 const pkcs8Header = Buffer.from("302e020100300506032b656e04220420", "hex");
 const spkiHeader = Buffer.from("302a300506032b656e032100", "hex");
 
@@ -21,18 +23,23 @@ export interface OverlayKeyPair {
 
 /** Generates a fresh X25519 key pair in WireGuard format. */
 export function generateOverlayKeyPair(): OverlayKeyPair {
-  const pair = generateKeyPairSync("x25519", {
-    privateKeyEncoding: { type: "pkcs8", format: "der" },
-    publicKeyEncoding: { type: "spki", format: "der" },
-  });
-  const privateRaw = rawAfter(pair.privateKey, pkcs8Header, "X25519 private key");
+  // Made with JWK as the job's own encoding: its raw halves come straight out, and no key object is made.
+  const { d, x } = x25519PairAsJwk();
+  const privateRaw = rawKey(d, "X25519 private key");
   // WireGuard stores private keys clamped (as `wg genkey` does). X25519 clamps before use anyway, so this changes
   // no public key; it only makes the stored form the one WireGuard itself would write.
   clamp(privateRaw);
   return {
     privateKey: privateRaw.toString("base64"),
-    publicKey: rawAfter(pair.publicKey, spkiHeader, "X25519 public key").toString("base64"),
+    publicKey: rawKey(x, "X25519 public key").toString("base64"),
   };
+}
+
+/** The 32 raw bytes of a JWK's base64url key half. */
+function rawKey(base64url: string, what: string): Buffer {
+  const raw = Buffer.from(base64url, "base64url");
+  if (raw.length !== overlayKeyLength) throw new KeyError(`${what} came out as ${raw.length} bytes, not 32`);
+  return raw;
 }
 
 /**

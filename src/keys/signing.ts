@@ -22,7 +22,7 @@ export interface SigningKeyPair {
 
 /** node:crypto takes JWK as a key generation's encoding (as `keyObject.export` does); @types/node does not list it. */
 const generateAsJwk = generateKeyPairSync as unknown as (
-  type: "ed25519",
+  type: "ed25519" | "x25519",
   options: { privateKeyEncoding: { format: "jwk" }; publicKeyEncoding: { format: "jwk" } },
 ) => { privateKey: JsonWebKey; publicKey: JsonWebKey };
 
@@ -35,21 +35,50 @@ const generateAsJwk = generateKeyPairSync as unknown as (
  * good. Exported inside the job instead, the key has no such twin; a key object is made from this by import.
  */
 export function ed25519PairAsJwk(): { d: string; x: string } {
-  const { privateKey } = generateAsJwk("ed25519", {
+  return pairAsJwk("ed25519");
+}
+
+/**
+ * A fresh X25519 key pair, as {@link ed25519PairAsJwk} makes an Ed25519 one and for the same reason. Asked for with
+ * DER encodings instead, a pair costs three times as much.
+ */
+export function x25519PairAsJwk(): { d: string; x: string } {
+  return pairAsJwk("x25519");
+}
+
+function pairAsJwk(type: "ed25519" | "x25519"): { d: string; x: string } {
+  const { privateKey } = generateAsJwk(type, {
     privateKeyEncoding: { format: "jwk" },
     publicKeyEncoding: { format: "jwk" },
   });
   const { d, x } = privateKey;
   if (typeof d !== "string" || typeof x !== "string")
-    throw new KeyError("node:crypto gave no Ed25519 key pair");
+    throw new KeyError(`node:crypto gave no ${type} key pair`);
   return { d, x };
 }
 
 /** Generates a fresh Ed25519 key pair, imported from its JWK form ({@link ed25519PairAsJwk} says why). */
 export function generateSigningKeyPair(): SigningKeyPair {
+  const { privateKey } = newSigningKey();
+  return { publicKey: createPublicKey(privateKey), privateKey };
+}
+
+/** The DER of an Ed25519 PKCS#8 private key is this fixed header (algorithm OID 1.3.101.112) and the 32-byte seed. */
+const ed25519Pkcs8Header = Buffer.from("302e020100300506032b657004220420", "hex");
+
+/**
+ * A fresh signing key as a node keeps and sends it: the key object, its PKCS#8 PEM (as
+ * {@link encodeSigningPrivateKey} writes it) and its public half (as {@link encodeSigningPublicKey} writes it). Both
+ * texts are written from the raw halves the key was made as, not exported again through OpenSSL: the PEM export
+ * alone costs more than making the key.
+ */
+export function newSigningKey(): { privateKey: KeyObject; pem: string; publicKey: string } {
   const { d, x } = ed25519PairAsJwk();
   const privateKey = createPrivateKey({ key: { kty: "OKP", crv: "Ed25519", d, x }, format: "jwk" });
-  return { publicKey: createPublicKey(privateKey), privateKey };
+  const der = Buffer.concat([ed25519Pkcs8Header, Buffer.from(d, "base64url")]);
+  // 48 bytes of DER are 64 characters of base64: one line, as OpenSSL writes it.
+  const pem = `-----BEGIN PRIVATE KEY-----\n${der.toString("base64")}\n-----END PRIVATE KEY-----\n`;
+  return { privateKey, pem, publicKey: Buffer.from(x, "base64url").toString("base64") };
 }
 
 /** The public half of an Ed25519 private key. */

@@ -12,8 +12,11 @@ declare const MESH_BUILD_VERSION: string | undefined;
  */
 export function meshVersion(): string {
   if (typeof MESH_BUILD_VERSION === "string") return MESH_BUILD_VERSION;
-  const manifest = JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as {
-    version: string;
-  };
-  return manifest.version;
+  // Read once: a lab's thousand joins in one process each say the version.
+  versionRead ??= (
+    JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as { version: string }
+  ).version;
+  return versionRead;
 }
+
+let versionRead: string | undefined;

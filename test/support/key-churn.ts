@@ -6,7 +6,9 @@
 import { newUserKey } from "../../src/bus/index.js";
 import {
   encodeSigningPrivateKey,
+  generateOverlayKeyPair,
   generateSigningKeyPair,
+  newSigningKey,
   rawSigningPublicKey,
 } from "../../src/keys/index.js";
 
@@ -17,10 +19,14 @@ let lengths = 0;
 while (made < count) {
   const user = newUserKey();
   const pair = generateSigningKeyPair();
+  const node = newSigningKey();
+  const overlay = generateOverlayKeyPair();
   lengths +=
     user.seed.length +
     rawSigningPublicKey(pair.publicKey).length +
-    encodeSigningPrivateKey(pair.privateKey).length;
+    encodeSigningPrivateKey(pair.privateKey).length +
+    node.pem.length +
+    overlay.publicKey.length;
   made += 1;
   if (made % 1000 === 0) process.stdout.write(`made ${made}\n`);
 }

@@ -14,6 +14,7 @@ import {
   fingerprint,
   fingerprintsEqual,
   generateSigningKeyPair,
+  newSigningKey,
   openSshPublicKey,
   sign,
   signingPrivateKeyFromSeed,
@@ -124,6 +125,17 @@ void describe("signing", () => {
     const loaded = decodeSigningPrivateKey(pem);
     assert.equal(signingPublicKeyOf(loaded).equals(publicKey), true);
     assert.equal(verify(message, sign(message, loaded), publicKey), true);
+  });
+
+  void test("signing — a new key's PEM and public half are written as OpenSSL exports them, and read back as the key", () => {
+    for (let round = 0; round < 300; round++) {
+      const made = newSigningKey();
+      assert.equal(made.pem, encodeSigningPrivateKey(made.privateKey));
+      assert.equal(made.publicKey, encodeSigningPublicKey(signingPublicKeyOf(made.privateKey)));
+      const read = decodeSigningPrivateKey(made.pem);
+      const signature = sign(message, read);
+      assert.ok(verify(message, signature, decodeSigningPublicKey(made.publicKey)));
+    }
   });
 
   void test("signing — a PEM that is not an Ed25519 private key is refused with KeyError", () => {
