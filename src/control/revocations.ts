@@ -31,8 +31,11 @@ export async function revocationsPastGrace(
   let heldUntil: number | undefined;
   for (const token of await store.tokens.endedIdentities(now)) {
     const endedAt = new Date(token.endedAt);
-    if (token.spent && endedAt.getTime() > graceFrom) {
-      heldUntil = Math.min(heldUntil ?? Number.POSITIVE_INFINITY, endedAt.getTime() + graceMs);
+    // Held only while its spending time is within a grace of this clock, either side: one written more than a grace
+    // ahead (by a controller whose clock runs fast) is not held for the clocks' difference, it is revoked.
+    const spentAt = endedAt.getTime();
+    if (token.spent && spentAt > graceFrom && spentAt <= now.getTime() + graceMs) {
+      heldUntil = Math.min(heldUntil ?? Number.POSITIVE_INFINITY, spentAt + graceMs);
       continue;
     }
     revoked.set(brokerUserOf(token.brokerCredential), endedAt);

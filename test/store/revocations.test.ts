@@ -8,7 +8,12 @@ import { afterEach, describe, mock, test } from "node:test";
 import { pruneTokens } from "../../src/control/retention.js";
 import { retireNode } from "../../src/control/retire.js";
 import { RevocationSync } from "../../src/control/revocation-sync.js";
-import { currentRevocations, retiredNodes, tokensToKeep } from "../../src/control/revocations.js";
+import {
+  currentRevocations,
+  retiredNodes,
+  revocationsPastGrace,
+  tokensToKeep,
+} from "../../src/control/revocations.js";
 import { MeshError } from "../../src/errors.js";
 import { createLogger } from "../../src/log.js";
 import type { Store } from "../../src/store/index.js";
@@ -225,6 +230,31 @@ describe("revocation sync", () => {
     mock.timers.tick(10_000);
     await sync.stop();
     assert.equal(pushed.length, 2, "nothing held, nothing more");
+  });
+
+  test("revocations — a token spent by a controller whose clock runs ahead is held within a grace of this clock, not for the difference", async () => {
+    // Hours after the other tests here: their tokens have expired by then, and say nothing.
+    const base = 5 * hour;
+    for (const [id, spentAt] of [
+      ["tok_ahead0hour0", at(base + hour)],
+      ["tok_ahead0sec00", at(base + 1500)],
+    ] as const) {
+      await store.tokens.issue({
+        id,
+        node: "a-1",
+        secretHash: "00",
+        createdAt: at(base).toISOString(),
+        expiresAt: at(base + 2 * hour).toISOString(),
+      });
+      await store.tokens.setBrokerCredential(id, JSON.stringify({ user: `U-${id}` }));
+      await store.tokens.spend(id, spentAt);
+    }
+    const now = await revocationsPastGrace(store, at(base), 2000);
+    assert.equal(now.revoked.has("U-tok_ahead0hour0"), true, "an hour ahead: revoked at once");
+    assert.equal(now.revoked.has("U-tok_ahead0sec00"), false, "1.5 s ahead: within a grace, held");
+    assert.equal(now.heldUntil?.getTime(), at(base + 3500).getTime(), "held until its own grace has passed");
+    const later = await revocationsPastGrace(store, at(base + 3500), 2000);
+    assert.equal(later.revoked.has("U-tok_ahead0sec00"), true, "revoked once it has");
   });
 
   test("revocation sync — a long burst of joins gets one update per grace, each token revoked after its grace and within two", async () => {
