@@ -68,11 +68,17 @@ export function brokerUserOf(credential: string): string {
 }
 
 /**
- * The tokens whose broker accounts stay: every valid one, and those that ended within `graceMs` (the joiner may
- * still be reading its reply). By token id.
+ * The tokens whose broker accounts stay: every valid one, and those that ended within `graceMs` of `now`, either
+ * side (the joiner may still be reading its reply; an end written further ahead came from a clock that runs fast,
+ * as `revocationsPastGrace` takes it). By token id.
  */
 export async function tokensToKeep(store: Store, now: Date, graceMs: number): Promise<Set<string>> {
-  return new Set(await store.tokens.validOrEndedSince(now, new Date(now.getTime() - graceMs)));
+  return new Set(
+    await store.tokens.validOrEndedWithin(now, {
+      since: new Date(now.getTime() - graceMs),
+      by: new Date(now.getTime() + graceMs),
+    }),
+  );
 }
 
 /** Nodes that were retired: what the broker kept for them (a RabbitMQ queue) goes. */

@@ -149,18 +149,22 @@ export class TokenQueries {
     });
   }
 
-  /** The ids of the tokens still valid at `now`, and of those that ended (spent or revoked) at `endedSince` or later. */
-  async validOrEndedSince(now: Date, endedSince: Date): Promise<string[]> {
+  /**
+   * The ids of the tokens still valid at `now`, and of those that ended (spent or revoked) between `ended.since` and
+   * `ended.by`, both included.
+   */
+  async validOrEndedWithin(now: Date, ended: { since: Date; by: Date }): Promise<string[]> {
     const at = now.toISOString();
-    const since = endedSince.toISOString();
+    const since = ended.since.toISOString();
+    const by = ended.by.toISOString();
     const rows = await this.db
       .selectFrom("tokens")
       .select("id")
       .where((eb) =>
         eb.or([
           eb.and([eb("spent_at", "is", null), eb("revoked_at", "is", null), eb("expires_at", ">", at)]),
-          eb("spent_at", ">=", since),
-          eb.and([eb("spent_at", "is", null), eb("revoked_at", ">=", since)]),
+          eb.and([eb("spent_at", ">=", since), eb("spent_at", "<=", by)]),
+          eb.and([eb("spent_at", "is", null), eb("revoked_at", ">=", since), eb("revoked_at", "<=", by)]),
         ]),
       )
       .orderBy("id")

@@ -83,9 +83,14 @@ for (const backend of storeBackends) {
       await token("tok_krevnew000", node, t0, hour);
       await store.tokens.revoke("tok_krevnew000", at(9500));
       await token("tok_kexpired00", node, at(-2 * hour), hour);
+      // Spent by a controller whose clock runs ahead: within a grace of this clock it stays, further ahead it goes.
+      await token("tok_kahead0000", node, t0, hour);
+      await store.tokens.spend("tok_kahead0000", at(11_500));
+      await token("tok_kfarahead0", node, t0, hour);
+      await store.tokens.spend("tok_kfarahead0", at(30 * 60_000));
       const keep = await tokensToKeep(store, at(10_000), 2000);
       const mine = [...keep].filter((id) => id.startsWith("tok_k")).sort();
-      assert.deepEqual(mine, ["tok_krevnew000", "tok_kspentnew0", "tok_kvalid0000"]);
+      assert.deepEqual(mine, ["tok_kahead0000", "tok_krevnew000", "tok_kspentnew0", "tok_kvalid0000"]);
     });
 
     test("token retention — only tokens expired before the retention go; a spent token's revocation stays until its expiry", async () => {
