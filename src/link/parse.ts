@@ -2,8 +2,7 @@ import { z } from "zod";
 
 import { ContractError } from "./errors.js";
 import type { DeclaredItem } from "./items.js";
-import { nodeNamePattern } from "./names.js";
-import { quickAlive, quickReport } from "./quick-check.js";
+import { isCount, isNodeName, quickAlive, quickReport } from "./quick-check.js";
 import {
   declarationEpoch,
   declarationSequence,
@@ -156,9 +155,8 @@ export function encodeReceipt(receipt: Receipt): Uint8Array {
   const { node, report_sequence: sequence, verdict } = receipt;
   if (
     receipt.reason !== undefined ||
-    !nodeNamePattern.test(node) ||
-    !Number.isSafeInteger(sequence) ||
-    sequence < 0 ||
+    !isNodeName(node) ||
+    !isCount(sequence) ||
     (verdict !== "kept" && verdict !== "refused")
   ) {
     return encodeMessage(receipt);

@@ -20,11 +20,12 @@ function isFields(value: unknown): value is Fields {
 }
 
 /** An integer ≥ 0 as the schema takes one (zod's int is a safe integer). */
-function isCount(value: unknown): value is number {
+export function isCount(value: unknown): value is number {
   return Number.isSafeInteger(value) && (value as number) >= 0;
 }
 
-function isNodeName(value: unknown): value is string {
+/** A node name as the schema takes one. */
+export function isNodeName(value: unknown): value is string {
   return typeof value === "string" && nodeNamePattern.test(value);
 }
 

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { describe, test } from "node:test";
 import { KeyError } from "../../src/errors.js";
@@ -38,6 +39,17 @@ void describe("overlay keys", () => {
     for (let round = 0; round < 5; round += 1) {
       const pair = generateOverlayKeyPair();
       assert.equal(overlayPublicKeyOf(pair.privateKey), pair.publicKey);
+    }
+  });
+
+  void test("overlay — WireGuard's own `wg pubkey` gives each generated private key the public key generated with it", () => {
+    for (let round = 0; round < 20; round++) {
+      const pair = generateOverlayKeyPair();
+      const fromWg = execFileSync("wg", ["pubkey"], {
+        input: `${pair.privateKey}\n`,
+        encoding: "utf8",
+      }).trim();
+      assert.equal(fromWg, pair.publicKey);
     }
   });
 
