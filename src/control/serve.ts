@@ -43,7 +43,14 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
   const periods = periodsOf(settings);
   const now = () => new Date();
   const signing = loadOrCreateSigningKey(join(options.dataDir, "keys"));
-  const store = await openStore(options.storeUrl, { historyLimit: options.historyLimit });
+  const store = await openStore(options.storeUrl, {
+    historyLimit: options.historyLimit,
+    // SQLite's checkpoints on a thread of their own, off the commits of roll-outs and report batches.
+    checkpointsApart: {
+      failed: (reason) => log.warn("store.checkpoint_failed", { reason }),
+      recovered: () => log.info("store.checkpoint_recovered"),
+    },
+  });
   // Nothing may stay open behind a control plane that did not start: the process must be able to end.
   const side = await openControlSide(options.dataDir, settings.broker, log, { longLived: true }).catch(
     async (error: unknown) => {

@@ -9,6 +9,7 @@ import { CompiledQuery, Kysely, Migrator, PostgresDialect, SqliteDialect, sql } 
 import type { DatabaseConnection, Driver } from "kysely";
 import { StoreError } from "../errors.js";
 import { AccountQueries } from "./accounts.js";
+import { autocheckpointPages, backstopPages, Checkpointer } from "./checkpoints.js";
 import { CounterQueries } from "./counters.js";
 import { SqlLease } from "./lease.js";
 import { HearingQueries } from "./hearing.js";
@@ -31,6 +32,14 @@ import { parseStoreUrl, redact } from "./url.js";
 export interface StoreOptions {
   /** How many declarations and accounts to keep per node behind the latest. */
   historyLimit: number;
+  /**
+   * SQLite: checkpoint on a thread of its own (`checkpoints.ts`), for a long-running control plane; what goes wrong
+   * with that thread is told here. Commands leave it out: their few commits checkpoint as SQLite does by default.
+   */
+  checkpointsApart?: {
+    failed: (reason: string) => void;
+    recovered: () => void;
+  };
 }
 
 export class Store {
@@ -55,6 +64,8 @@ export class Store {
     private readonly statements = new StatementTexts(),
     /** Accounts kept per node since its history was last trimmed, shared the same way. */
     private readonly accountsSinceTrimmed = new Map<string, number>(),
+    /** The checkpoint thread, when the store has one; the store a transaction is given has none. */
+    private readonly checkpointer?: Checkpointer,
   ) {
     this.tokens = new TokenQueries(db);
     this.nodes = new NodeQueries(db, statements);
@@ -86,13 +97,15 @@ export class Store {
   }
 
   async close(): Promise<void> {
+    // The thread's connection first: a store closed while it checkpoints would leave the log behind.
+    await this.checkpointer?.stop();
     await this.db.destroy();
   }
 }
 
 export async function openStore(url: string, options: StoreOptions): Promise<Store> {
   const location = parseStoreUrl(url);
-  const db = await connect(location, url);
+  const { db, file } = await connect(location, url);
   try {
     if (location.dialect === "postgres" && location.schema !== undefined) {
       await sql`create schema if not exists ${sql.id(location.schema)}`.execute(db);
@@ -103,10 +116,35 @@ export async function openStore(url: string, options: StoreOptions): Promise<Sto
     if (error instanceof StoreError) throw error;
     throw new StoreError(`cannot open the store at ${redact(url)}: ${describe(error)}`, { cause: error });
   }
-  return new Store(location.dialect, db, options);
+  const apart = options.checkpointsApart;
+  const checkpointer =
+    apart === undefined || file === undefined || location.dialect !== "sqlite" || location.path === ":memory:"
+      ? undefined
+      : checkpointApart(file, location.path, apart);
+  return new Store(location.dialect, db, options, undefined, undefined, checkpointer);
 }
 
-async function connect(location: StoreLocation, url: string): Promise<Kysely<Database>> {
+/** Moves the store's checkpoints to a thread of their own; should it end, the commits checkpoint again. */
+function checkpointApart(
+  file: SqliteDatabase.Database,
+  path: string,
+  told: NonNullable<StoreOptions["checkpointsApart"]>,
+): Checkpointer {
+  file.pragma(`wal_autocheckpoint = ${backstopPages}`);
+  return new Checkpointer(path, {
+    failed: told.failed,
+    recovered: told.recovered,
+    gone: (reason) => {
+      file.pragma(`wal_autocheckpoint = ${autocheckpointPages}`);
+      told.failed(`${reason}; the store's commits checkpoint again`);
+    },
+  });
+}
+
+async function connect(
+  location: StoreLocation,
+  url: string,
+): Promise<{ db: Kysely<Database>; file?: SqliteDatabase.Database }> {
   switch (location.dialect) {
     case "sqlite": {
       let file: SqliteDatabase.Database;
@@ -122,9 +160,12 @@ async function connect(location: StoreLocation, url: string): Promise<Kysely<Dat
       file.pragma("synchronous = NORMAL");
       file.pragma("busy_timeout = 5000");
       file.pragma("foreign_keys = ON");
-      return new Kysely<Database>({
-        dialect: new ImmediateSqliteDialect({ database: withStatementCache(file) }),
-      });
+      return {
+        db: new Kysely<Database>({
+          dialect: new ImmediateSqliteDialect({ database: withStatementCache(file) }),
+        }),
+        file,
+      };
     }
     case "postgres": {
       // Loaded only for PostgreSQL: most commands run on SQLite, and loading the driver is a good part of a
@@ -150,7 +191,7 @@ async function connect(location: StoreLocation, url: string): Promise<Kysely<Dat
           process.stderr.write(`store: a PostgreSQL connection in use closed: ${describe(error)}\n`);
         });
       });
-      return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
+      return { db: new Kysely<Database>({ dialect: new PostgresDialect({ pool }) }) };
     }
     default: {
       const unknown: never = location;
