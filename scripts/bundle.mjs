@@ -34,7 +34,8 @@ for (const [name, entry] of Object.entries(entries)) {
     // `await import("pg")` becomes a require() of it: a script run with a code cache has no loader for import().
     supported: { "dynamic-import": false },
     define: { MESH_BUILD_VERSION: JSON.stringify(version) },
-    // import.meta is only read when no version is baked in (src/program/version.ts), which a bundle always has.
+    // import.meta is only read when no version is baked in (src/program/version.ts), which a bundle always has, and
+    // where there is no `require` (src/store/checkpoints.ts), which a bundle always has too.
     logOverride: { "empty-import-meta": "silent" },
     // A map back to src/ (through tsc's own maps), read only under MESH_DEBUG=1: see bin/.
     sourcemap: "linked",

@@ -19,37 +19,49 @@ export const autocheckpointPages = 1000;
  * of 4 KiB pages, seconds of a fleet's reports.
  */
 export const backstopPages = 10 * autocheckpointPages;
+/**
+ * The size the log file is cut back to once a checkpoint has emptied it: what SQLite's default checkpoint lets it
+ * reach (1,000 pages of 4 KiB), so a burst that grew it leaves no larger file behind.
+ */
+export const logKeptBytes = autocheckpointPages * 4096;
 
 /**
  * What the thread says: it cannot start (then it ends), a checkpoint failed (told once until one succeeds again), or
- * they succeed again.
+ * they succeed again. A failure is sent as text with the driver's error code: the driver's own error class arrives
+ * here as a bare object, without its message.
  */
-type ThreadSays = { cannotStart: string } | { failed: string } | { recovered: true };
+type ThreadSays =
+  { kind: "cannot_start"; reason: string } | { kind: "failed"; reason: string } | { kind: "recovered" };
 
 /**
- * The thread's code: CommonJS run by the worker, the driver loaded from where this process loaded it. Errors are
- * said as text: the driver's own error class loses its message on the way to this thread.
+ * The thread's code: CommonJS run by the worker, the driver loaded from where this process loaded it. It is a string
+ * because each command is one bundled file: a thread of its own file would need a second bundle beside it. It
+ * stops at any message.
  */
 const threadCode = `
 const { parentPort, workerData } = require("node:worker_threads");
-const text = (error) => (error instanceof Error ? error.message : String(error));
+const text = (error) => {
+  const message = error instanceof Error ? error.message : String(error);
+  const code = error !== null && typeof error === "object" ? error.code : undefined;
+  return typeof code === "string" && code !== "" ? message + " (" + code + ")" : message;
+};
 let db;
 try {
   const Database = require(workerData.driver);
   db = new Database(workerData.path, { fileMustExist: true });
   db.pragma("busy_timeout = 5000");
 } catch (error) {
-  parentPort.postMessage({ cannotStart: text(error) });
+  parentPort.postMessage({ kind: "cannot_start", reason: text(error) });
   process.exit(1);
 }
 let failing = false;
 const timer = setInterval(() => {
   try {
     db.pragma("wal_checkpoint(PASSIVE)");
-    if (failing) parentPort.postMessage({ recovered: true });
+    if (failing) parentPort.postMessage({ kind: "recovered" });
     failing = false;
   } catch (error) {
-    if (!failing) parentPort.postMessage({ failed: text(error) });
+    if (!failing) parentPort.postMessage({ kind: "failed", reason: text(error) });
     failing = true;
   }
 }, workerData.everyMs);
@@ -61,7 +73,7 @@ parentPort.on("message", () => {
 `;
 
 export interface CheckpointEvents {
-  /** A checkpoint failed: said once until checkpoints succeed again. */
+  /** A checkpoint failed (said once until one succeeds again), or the thread failed as it stopped. */
   failed: (reason: string) => void;
   /** Checkpoints succeed again after a failure. */
   recovered: () => void;
@@ -78,23 +90,40 @@ export class Checkpointer {
     this.worker = new Worker(threadCode, {
       eval: true,
       workerData: { path, everyMs, driver: driverPath() },
+      // Nothing of this process's own flags (a loader a test runs under, say): the thread needs only the driver.
+      execArgv: [],
     });
-    // It never keeps a process alive on its own: a process that is done ends, and its commits have checkpointed.
+    // It never keeps a process alive on its own: a process that ends without closing its store leaves the log to
+    // the store's next opening, which recovers it.
     this.worker.unref();
     /** Why the thread ended, when it said so or failed. */
     let failure: string | undefined;
     this.worker.on("message", (said: ThreadSays) => {
-      if ("cannotStart" in said) failure = said.cannotStart;
-      else if ("failed" in said) events.failed(`a checkpoint of ${path} failed: ${said.failed}`);
-      else events.recovered();
+      switch (said.kind) {
+        case "cannot_start":
+          failure = said.reason;
+          break;
+        case "failed":
+          events.failed(`a checkpoint of ${path} failed: ${said.reason}`);
+          break;
+        case "recovered":
+          events.recovered();
+          break;
+        default: {
+          const unknown: never = said;
+          events.failed(`the checkpoint thread of ${path} said ${JSON.stringify(unknown)}`);
+        }
+      }
     });
     this.worker.on("error", (error: unknown) => {
       failure = error instanceof Error ? error.message : String(error);
     });
     this.ended = new Promise((resolve) => {
       this.worker.once("exit", (code) => {
-        if (!this.stopping)
-          events.gone(`the checkpoint thread of ${path} ended (${failure ?? `exit code ${code}`})`);
+        const why = failure ?? `exit code ${code}`;
+        if (!this.stopping) events.gone(`the checkpoint thread of ${path} ended (${why})`);
+        else if (failure !== undefined)
+          events.failed(`the checkpoint thread of ${path} failed as it stopped: ${why}`);
         resolve();
       });
     });

@@ -9,7 +9,7 @@ import { CompiledQuery, Kysely, Migrator, PostgresDialect, SqliteDialect, sql } 
 import type { DatabaseConnection, Driver } from "kysely";
 import { StoreError } from "../errors.js";
 import { AccountQueries } from "./accounts.js";
-import { autocheckpointPages, backstopPages, Checkpointer } from "./checkpoints.js";
+import { autocheckpointPages, backstopPages, Checkpointer, logKeptBytes } from "./checkpoints.js";
 import { CounterQueries } from "./counters.js";
 import { SqlLease } from "./lease.js";
 import { HearingQueries } from "./hearing.js";
@@ -39,6 +39,8 @@ export interface StoreOptions {
   checkpointsApart?: {
     failed: (reason: string) => void;
     recovered: () => void;
+    /** How often the thread checkpoints (default `checkpointEveryMs`). */
+    everyMs?: number;
   };
 }
 
@@ -106,21 +108,25 @@ export class Store {
 export async function openStore(url: string, options: StoreOptions): Promise<Store> {
   const location = parseStoreUrl(url);
   const { db, file } = await connect(location, url);
+  let checkpointer: Checkpointer | undefined;
   try {
     if (location.dialect === "postgres" && location.schema !== undefined) {
       await sql`create schema if not exists ${sql.id(location.schema)}`.execute(db);
     }
     await migrate(db, location);
+    const apart = options.checkpointsApart;
+    if (
+      apart !== undefined &&
+      file !== undefined &&
+      location.dialect === "sqlite" &&
+      location.path !== ":memory:"
+    )
+      checkpointer = checkpointApart(file, location.path, apart);
   } catch (error) {
     await db.destroy();
     if (error instanceof StoreError) throw error;
     throw new StoreError(`cannot open the store at ${redact(url)}: ${describe(error)}`, { cause: error });
   }
-  const apart = options.checkpointsApart;
-  const checkpointer =
-    apart === undefined || file === undefined || location.dialect !== "sqlite" || location.path === ":memory:"
-      ? undefined
-      : checkpointApart(file, location.path, apart);
   return new Store(location.dialect, db, options, undefined, undefined, checkpointer);
 }
 
@@ -131,14 +137,25 @@ function checkpointApart(
   told: NonNullable<StoreOptions["checkpointsApart"]>,
 ): Checkpointer {
   file.pragma(`wal_autocheckpoint = ${backstopPages}`);
-  return new Checkpointer(path, {
-    failed: told.failed,
-    recovered: told.recovered,
-    gone: (reason) => {
-      file.pragma(`wal_autocheckpoint = ${autocheckpointPages}`);
-      told.failed(`${reason}; the store's commits checkpoint again`);
+  file.pragma(`journal_size_limit = ${logKeptBytes}`);
+  return new Checkpointer(
+    path,
+    {
+      failed: told.failed,
+      recovered: told.recovered,
+      gone: (reason) => {
+        try {
+          file.pragma(`wal_autocheckpoint = ${autocheckpointPages}`);
+          told.failed(`${reason}; the store's commits checkpoint again`);
+        } catch (error) {
+          told.failed(
+            `${reason}; the store's commits could not be set to checkpoint again: ${describe(error)}`,
+          );
+        }
+      },
     },
-  });
+    told.everyMs,
+  );
 }
 
 async function connect(

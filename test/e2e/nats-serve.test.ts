@@ -71,7 +71,10 @@ async function openServe(t: TestContext) {
     async stopServe(): Promise<void> {
       const serve = running.serve;
       running.serve = undefined;
-      if (serve !== undefined) assert.equal(await serve.stop(), 0, serve.stderr());
+      if (serve === undefined) return;
+      assert.equal(await serve.stop(), 0, serve.stderr());
+      // The store's checkpoint thread runs from the bundle as from the sources: it would have said so by now.
+      assert.doesNotMatch(serve.stderr(), /store\.checkpoint_failed/);
     },
     /** Enrols edge-1 and starts its agent. */
     async joinEdge(): Promise<void> {

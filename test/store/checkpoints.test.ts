@@ -1,26 +1,19 @@
 /**
  * A long-running control plane's SQLite store checkpoints on a thread of its own: what its commits write reaches the
- * database file without a commit copying it there, a thread that cannot open the store is told as gone, and stopping
- * it waits for it and tells nothing. Real SQLite files, real worker threads.
+ * database file without a commit copying it there, a thread that cannot open the store is told as gone, a failing
+ * checkpoint is told once with the driver's code, and stopping waits for the thread, closes its connection and tells
+ * nothing. Real SQLite files, real worker threads.
  */
 import assert from "node:assert/strict";
-import { statSync } from "node:fs";
+import { existsSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import SqliteDatabase from "better-sqlite3";
 import { Checkpointer } from "../../src/store/checkpoints.js";
 import type { MeshEvent } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
+import { eventually } from "../support/processes.js";
 import { tempDir } from "../support/tmp.js";
-
-/** Resolves once `check` holds, looking every 25 ms; fails after `withinMs` saying what it waited for. */
-async function until(what: string, check: () => boolean, withinMs = 60_000): Promise<void> {
-  const deadline = Date.now() + withinMs;
-  while (!check()) {
-    if (Date.now() > deadline) throw new Error(`waited ${withinMs} ms for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 25));
-  }
-}
 
 /** `count` events of about a kilobyte each. */
 function events(count: number): MeshEvent[] {
@@ -34,7 +27,7 @@ function events(count: number): MeshEvent[] {
 }
 
 describe("SQLite checkpoints on a thread of their own", () => {
-  test("what the commits write reaches the database file, copied by the thread (about 500 pages, below SQLite's own 1,000)", async () => {
+  test("what the commits write reaches the database file, copied by the thread (about 350 pages, below SQLite's own 1,000)", async () => {
     const dir = tempDir("mesh-checkpoints-");
     const path = join(dir.path, "mesh.db");
     const told: string[] = [];
@@ -44,10 +37,18 @@ describe("SQLite checkpoints on a thread of their own", () => {
     });
     try {
       const before = statSync(path).size;
-      // Two megabytes in 20 commits: fewer pages than SQLite's default checkpoint needs, so a commit never copies
-      // them; only the thread can bring them into the file.
-      for (let batch = 0; batch < 20; batch++) await store.events.recordMany(events(100));
-      await until("the database file to hold the events", () => statSync(path).size >= before + 1_500_000);
+      // A megabyte and a bit in 12 commits: fewer pages than SQLite's default checkpoint needs, so a commit never
+      // copies them; only the thread can bring them into the file.
+      for (let batch = 0; batch < 12; batch++) await store.events.recordMany(events(100));
+      // The premise: the log holds fewer frames (4 KiB and a 24-byte header each) than a commit checkpoints at.
+      const logBytes = statSync(`${path}-wal`).size;
+      assert.ok(
+        logBytes < 1000 * (4096 + 24),
+        `the log is below SQLite's own checkpoint (${logBytes} bytes)`,
+      );
+      await eventually("the database file to hold the events", () =>
+        statSync(path).size >= before + 1_000_000 ? true : undefined,
+      );
       assert.deepEqual(told, []);
     } finally {
       await store.close();
@@ -66,7 +67,7 @@ describe("SQLite checkpoints on a thread of their own", () => {
       gone: (said) => (reason = said),
     });
     try {
-      await until("the thread's end to be told", () => reason !== "");
+      await eventually("the thread's end to be told", () => (reason === "" ? undefined : true));
       assert.match(reason, /the checkpoint thread of .*missing\.db ended/);
       assert.match(reason, /unable to open database file/);
       assert.deepEqual(failed, []);
@@ -74,6 +75,34 @@ describe("SQLite checkpoints on a thread of their own", () => {
       await checkpointer.stop();
       dir.remove();
     }
+  });
+
+  test("a checkpoint that fails is told once, with the path, the reason and the driver's code", async () => {
+    const dir = tempDir("mesh-checkpoints-");
+    const path = join(dir.path, "mesh.db");
+    // Not a database: the thread opens it (nothing is read yet) and every checkpoint of it fails.
+    writeFileSync(path, Buffer.alloc(8192, 0x5a));
+    const told: string[] = [];
+    const checkpointer = new Checkpointer(
+      path,
+      {
+        failed: (reason) => told.push(`failed: ${reason}`),
+        recovered: () => told.push("recovered"),
+        gone: (reason) => told.push(`gone: ${reason}`),
+      },
+      10,
+    );
+    try {
+      await eventually("the failure to be told", () => (told.length > 0 ? true : undefined));
+    } finally {
+      await checkpointer.stop();
+      dir.remove();
+    }
+    assert.equal(told.length, 1, told.join("\n"));
+    assert.match(
+      told[0] ?? "",
+      /^failed: a checkpoint of .*mesh\.db failed: file is not a database \(SQLITE_NOTADB\)$/,
+    );
   });
 
   test("stopping the thread waits for it to end and tells nothing", async () => {
@@ -96,12 +125,16 @@ describe("SQLite checkpoints on a thread of their own", () => {
       // Written after the thread began, fewer pages than a commit checkpoints, and found in the file: the thread ran,
       // against this store.
       file.prepare("insert into t values (?)").run("y".repeat(200_000));
-      await until("the thread's checkpoint", () => statSync(path).size >= 200_000);
-    } finally {
+      await eventually("the thread's checkpoint", () => (statSync(path).size >= 200_000 ? true : undefined));
       await checkpointer.stop();
       file.close();
+      // SQLite removes the log when the last connection to the file closes: the thread's is closed too.
+      assert.equal(existsSync(`${path}-wal`), false, "the log is gone with the last connection");
+      assert.deepEqual(told, []);
+    } finally {
+      await checkpointer.stop();
+      if (file.open) file.close();
       dir.remove();
     }
-    assert.deepEqual(told, []);
   });
 });
