@@ -39,8 +39,6 @@ export interface StoreOptions {
   checkpointsApart?: {
     failed: (reason: string) => void;
     recovered: () => void;
-    /** How often the thread checkpoints (default `checkpointEveryMs`). */
-    everyMs?: number;
   };
 }
 
@@ -138,24 +136,20 @@ function checkpointApart(
 ): Checkpointer {
   file.pragma(`wal_autocheckpoint = ${backstopPages}`);
   file.pragma(`journal_size_limit = ${logKeptBytes}`);
-  return new Checkpointer(
-    path,
-    {
-      failed: told.failed,
-      recovered: told.recovered,
-      gone: (reason) => {
-        try {
-          file.pragma(`wal_autocheckpoint = ${autocheckpointPages}`);
-          told.failed(`${reason}; the store's commits checkpoint again`);
-        } catch (error) {
-          told.failed(
-            `${reason}; the store's commits could not be set to checkpoint again: ${describe(error)}`,
-          );
-        }
-      },
+  return new Checkpointer(path, {
+    failed: told.failed,
+    recovered: told.recovered,
+    gone: (reason) => {
+      try {
+        file.pragma(`wal_autocheckpoint = ${autocheckpointPages}`);
+        told.failed(`${reason}; the store's commits checkpoint again`);
+      } catch (error) {
+        told.failed(
+          `${reason}; the store's commits could not be set to checkpoint again: ${describe(error)}`,
+        );
+      }
     },
-    told.everyMs,
-  );
+  });
 }
 
 async function connect(
