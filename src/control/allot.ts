@@ -67,22 +67,126 @@ export function canHold(unit: PlanUnit, node: FleetNode): boolean {
 }
 
 /**
+ * The nodes each unit's selector matches and that can hold it, in name order. The fleet is grouped once by all that
+ * a selector of this plan can look at (CPUs, memory, drivers, and the values of the label keys some unit selects by)
+ * and each unit is matched once per group rather than once per node: to a plan that selects by role and zone, ten
+ * thousand nodes are a few dozen groups. (Measured: matching node by node was three quarters of allot's time for 100
+ * units over 10,000 nodes.) A unit naming its nodes (a pin from `mesh declare`) looks only at those.
+ */
+export function matcher(plan: Plan, fleet: readonly FleetNode[]): (unit: PlanUnit) => FleetNode[] {
+  const byName = new Map(fleet.map((node) => [node.name, node]));
+  const inOrder = [...fleet].sort(byNodeName);
+  const labelKeys = [...new Set(plan.units.flatMap((unit) => Object.keys(unit.where?.labels ?? {})))];
+  /** Each group's first node, standing for all of it; and each node's group, by its place in `inOrder`. */
+  const firsts: FleetNode[] = [];
+  const groupOf: number[] = [];
+  const groups = new Map<string, number>();
+  for (const node of inOrder) {
+    const { cpu, memory_mb: memory, drivers, labels } = node.profile;
+    const seen = labelKeys.map((key) => (Object.hasOwn(labels, key) ? labels[key] : null));
+    const key = JSON.stringify([cpu, memory, [...drivers].sort(), seen]);
+    let group = groups.get(key);
+    if (group === undefined) {
+      group = firsts.length;
+      groups.set(key, group);
+      firsts.push(node);
+    }
+    groupOf.push(group);
+  }
+  return (unit) => {
+    const fits = (node: FleetNode) => matches(unit.where, node) && canHold(unit, node);
+    const named = unit.where?.nodes;
+    if (named !== undefined) {
+      return [...new Set(named)]
+        .flatMap((name) => {
+          const node = byName.get(name);
+          return node !== undefined && fits(node) ? [node] : [];
+        })
+        .sort(byNodeName);
+    }
+    const matched = firsts.map(fits);
+    return inOrder.filter((_, index) => matched[groupOf[index] ?? -1] === true);
+  };
+}
+
+function byNodeName(a: FleetNode, b: FleetNode): number {
+  return a.name < b.name ? -1 : a.name > b.name ? 1 : 0;
+}
+
+/**
  * A node's rank for a unit: a 32-bit hash of both names (FNV-1a, then a finaliser that spreads every input bit). It
  * depends on nothing else, which is what makes the choice stable as the fleet changes.
  */
 export function rendezvousScore(unit: string, node: string): number {
-  let hash = 0x811c9dc5;
-  const text = `${unit}\u0000${node}`;
+  return scorerFor(unit)(node);
+}
+
+/**
+ * {@link rendezvousScore} for one unit and many nodes: the hash of the unit's name (and the separator) is taken once,
+ * and each node's name continues from it.
+ */
+export function scorerFor(unit: string): (node: string) => number {
+  const prefix = fnv1a(0x811c9dc5, `${unit}\u0000`);
+  return (node) => {
+    let hash = fnv1a(prefix, node);
+    hash ^= hash >>> 16;
+    hash = Math.imul(hash, 0x85ebca6b);
+    hash ^= hash >>> 13;
+    hash = Math.imul(hash, 0xc2b2ae35);
+    hash ^= hash >>> 16;
+    return hash >>> 0;
+  };
+}
+
+function fnv1a(start: number, text: string): number {
+  let hash = start;
   for (let index = 0; index < text.length; index++) {
     hash ^= text.charCodeAt(index);
     hash = Math.imul(hash, 0x01000193);
   }
-  hash ^= hash >>> 16;
-  hash = Math.imul(hash, 0x85ebca6b);
-  hash ^= hash >>> 13;
-  hash = Math.imul(hash, 0xc2b2ae35);
-  hash ^= hash >>> 16;
-  return hash >>> 0;
+  return hash;
+}
+
+/** A candidate of a unit with a count, and its rank. */
+export interface Ranked {
+  name: string;
+  score: number;
+}
+
+/** Whether `a` ranks before `b`: the higher score, then the name. */
+function ranksBefore(a: Ranked, b: Ranked): boolean {
+  return a.score !== b.score ? a.score > b.score : a.name < b.name;
+}
+
+/**
+ * The candidates in rank order, ordered only as far as they are read: a unit placed 5 times among 10,000 candidates
+ * reads a few of them, and a full sort of each unit's candidates was a third of allot's time.
+ */
+export function* inRankOrder(candidates: readonly Ranked[]): Generator<Ranked> {
+  // A binary heap, best first.
+  const heap = [...candidates];
+  const sink = (from: number) => {
+    for (let at = from; ;) {
+      const left = 2 * at + 1;
+      const right = left + 1;
+      let best = at;
+      if (left < heap.length && ranksBefore(heap[left] as Ranked, heap[best] as Ranked)) best = left;
+      if (right < heap.length && ranksBefore(heap[right] as Ranked, heap[best] as Ranked)) best = right;
+      if (best === at) return;
+      [heap[at], heap[best]] = [heap[best] as Ranked, heap[at] as Ranked];
+      at = best;
+    }
+  };
+  for (let at = Math.floor(heap.length / 2) - 1; at >= 0; at--) sink(at);
+  while (heap.length > 0) {
+    const best = heap[0] as Ranked;
+    const last = heap.pop() as Ranked;
+    if (heap.length > 0) {
+      heap[0] = last;
+      sink(0);
+    }
+    yield best;
+  }
 }
 
 /**
@@ -106,15 +210,7 @@ export function allot(
   held: Held = new Map(),
 ): Allotment {
   const placed = new Map<string, readonly string[]>();
-  const byName = new Map(fleet.map((node) => [node.name, node]));
-  // A unit naming its nodes (a pin from `mesh declare`) looks only at those: ten thousand pins stay cheap.
-  const candidatesOf = (selector: Selector | undefined): readonly FleetNode[] =>
-    selector?.nodes === undefined
-      ? fleet
-      : [...new Set(selector.nodes)].flatMap((name) => {
-          const node = byName.get(name);
-          return node === undefined ? [] : [node];
-        });
+  const matchingOf = matcher(plan, fleet);
   const conditions: Condition[] = [];
   const left = new Map(
     fleet.map((node) => [node.name, { cpu: node.profile.cpu, memory_mb: node.profile.memory_mb }]),
@@ -122,10 +218,8 @@ export function allot(
   // By name, so the order units are written in moves nothing; units on every match first: they take no capacity.
   const units = [...plan.units].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   for (const unit of units.filter((one) => one.count === undefined)) {
-    const nodes = candidatesOf(unit.where)
-      .filter((node) => matches(unit.where, node) && canHold(unit, node))
-      .map((node) => node.name);
-    placed.set(unit.name, nodes.sort());
+    const nodes = matchingOf(unit).map((node) => node.name);
+    placed.set(unit.name, nodes);
     if (nodes.length === 0) {
       conditions.push({
         unit: unit.name,
@@ -142,13 +236,11 @@ export function allot(
     .map((unit) => {
       const moveAfterMs =
         unit.move_after === undefined ? undefined : parseDuration(unit.move_after, "move_after");
-      const matching = candidatesOf(unit.where).filter(
-        (node) => matches(unit.where, node) && canHold(unit, node),
-      );
+      const matching = matchingOf(unit);
+      const score = scorerFor(unit.name);
       const candidates = matching
         .filter((node) => moveAfterMs === undefined || (away.get(node.name) ?? 0) < moveAfterMs)
-        .map((node) => ({ name: node.name, score: rendezvousScore(unit.name, node.name) }))
-        .sort((a, b) => b.score - a.score || (a.name < b.name ? -1 : 1));
+        .map((node) => ({ name: node.name, score: score(node.name) }));
       return {
         unit,
         count: unit.count ?? 0,
@@ -173,14 +265,14 @@ export function allot(
   for (const entry of counted) {
     const holders = held.get(entry.unit.name);
     if (holders === undefined) continue;
-    for (const candidate of entry.candidates) {
+    for (const candidate of inRankOrder(entry.candidates.filter((one) => holders.has(one.name)))) {
       if (entry.chosen.length === entry.count) break;
-      if (holders.has(candidate.name)) take(entry, candidate.name);
+      take(entry, candidate.name);
     }
   }
   for (const entry of counted) {
     const { unit, count, matching, candidates, chosen } = entry;
-    for (const candidate of candidates) {
+    for (const candidate of inRankOrder(candidates)) {
       if (chosen.length === count) break;
       if (entry.taken.has(candidate.name)) continue;
       if (!take(entry, candidate.name)) entry.lacking++;

@@ -3,7 +3,15 @@ import { test } from "node:test";
 import fc from "fast-check";
 import { parse as parseYaml } from "yaml";
 import type { FleetNode } from "../../src/control/allot.js";
-import { allot, composeFor, matches } from "../../src/control/allot.js";
+import {
+  allot,
+  canHold,
+  composeFor,
+  inRankOrder,
+  matcher,
+  matches,
+  rendezvousScore,
+} from "../../src/control/allot.js";
 import type { Plan } from "../../src/link/index.js";
 import { planSchema } from "../../src/link/index.js";
 
@@ -246,5 +254,117 @@ test("allot — stable: a node joining or leaving moves at most one placement of
         }
       },
     ),
+  );
+});
+
+/**
+ * Fleets of 20 to 60 nodes whose profiles differ in every way a selector looks at (some lack a label a selector
+ * names, one label no selector names), few enough ways that many nodes are alike in what selectors see.
+ */
+const variedFleetArbitrary = fc
+  .uniqueArray(fc.integer({ min: 0, max: 999 }), { minLength: 20, maxLength: 60 })
+  .chain((ids) =>
+    fc.tuple(
+      ...ids.map((id) =>
+        fc
+          .record({
+            role: fc.constantFrom("web", "db", undefined),
+            zone: fc.constantFrom("a", "", undefined),
+            other: fc.constantFrom("x", "y"),
+            cpu: fc.integer({ min: 1, max: 2 }),
+            memory: fc.constantFrom(1_024, 2_048),
+            drivers: fc.subarray(["file", "user", "service"]),
+          })
+          .map(({ role, zone, other, cpu, memory, drivers }) => ({
+            name: `n-${id}`,
+            profile: {
+              cpu,
+              memory_mb: memory,
+              labels: {
+                other,
+                ...(role === undefined ? {} : { role }),
+                ...(zone === undefined ? {} : { zone }),
+              },
+              drivers,
+            },
+          })),
+      ),
+    ),
+  );
+const selectorArbitrary = fc.record(
+  {
+    labels: fc.record(
+      { role: fc.constantFrom("web", ["web", "db"]), zone: fc.constantFrom("a", "", ["a", "b"]) },
+      { requiredKeys: [] },
+    ),
+    drivers: fc.subarray(["file", "user", "service"], { minLength: 1 }),
+    cpu: fc.integer({ min: 1, max: 2 }),
+    memory_mb: fc.constantFrom(1_024, 2_048),
+    nodes: fc.uniqueArray(
+      fc.integer({ min: 0, max: 999 }).map((id) => `n-${id}`),
+      { minLength: 1, maxLength: 30 },
+    ),
+  },
+  { requiredKeys: [] },
+);
+
+test("allot — matching by groups of alike nodes finds exactly the nodes a selector matches one by one", () => {
+  fc.assert(
+    fc.property(
+      variedFleetArbitrary,
+      fc.array(fc.tuple(selectorArbitrary, fc.boolean()), { minLength: 1, maxLength: 6 }),
+      (fleet, selectors) => {
+        const thePlan = plan(
+          selectors.map(([where, withUser], index) => ({
+            name: `u-${index}`,
+            where,
+            files: [{ path: `/etc/u-${index}`, content: "x" }],
+            ...(withUser ? { users: [{ name: `user${index}` }] } : {}),
+          })),
+        );
+        const matchingOf = matcher(thePlan, fleet);
+        for (const unit of thePlan.units) {
+          const oneByOne = fleet
+            .filter((one) => matches(unit.where, one) && canHold(unit, one))
+            .map((one) => one.name)
+            .sort();
+          assert.deepEqual(
+            matchingOf(unit).map((one) => one.name),
+            oneByOne,
+          );
+        }
+      },
+    ),
+  );
+});
+
+test("allot — candidates come in rank order: the higher score first, then the name", () => {
+  fc.assert(
+    fc.property(
+      fc.array(
+        fc.record({ name: fc.constantFrom("a", "b", "c", "d", "e"), score: fc.integer({ min: 0, max: 5 }) }),
+      ),
+      (candidates) => {
+        const sorted = [...candidates].sort(
+          (a, b) => b.score - a.score || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0),
+        );
+        const pairs = (ranked: Iterable<{ name: string; score: number }>) =>
+          [...ranked].map(({ name, score }) => `${score} ${name}`);
+        assert.deepEqual(pairs(inRankOrder(candidates)), pairs(sorted));
+      },
+    ),
+  );
+});
+
+test("allot — a node's rank for a unit is the same as it always was: placements do not move on upgrade", () => {
+  // Computed by the first implementation (one FNV-1a pass over both names, then the finaliser).
+  assert.deepEqual(
+    [
+      ["web", "node-0001"],
+      ["svc-07", "bench-09999"],
+      ["", ""],
+      ["db", "é-ノード"],
+    ].map(([unit, node]) => rendezvousScore(unit ?? "", node ?? "")),
+    [453816320, 4085621817, 91794203, 1710471433],
   );
 });
