@@ -589,6 +589,7 @@ async function benchMesh(): Promise<void> {
         serve,
         startStandby: () => (standby = startServe(data, broker.url, profileDir)),
         settleMs: options.aliveEveryMs + 2000,
+        rounds: options.rounds,
         say,
       });
       if (standby !== undefined) {

@@ -34,6 +34,8 @@ export interface PlanOnMeshSettings {
   startStandby: () => ServeProcess;
   /** How long the new control plane is watched after its first roll-out (its nodes' alives come round). */
   settleMs: number;
+  /** How many times the whole fleet is then sent a change (the unit every node holds), each roll-out timed. */
+  rounds: number;
   say: (line: string) => void;
 }
 
@@ -42,9 +44,11 @@ export interface PlanOnMesh {
     sent: number;
     applyMs: number;
     converged: Spread;
-    /** The control plane's roll-out of the whole plan, as it logged it. */
+    /** The control plane's roll-out of the whole plan, as it logged it: its first, of a plan new to it. */
     rollout: Rollout | undefined;
   };
+  /** The roll-outs of each change to the unit every node holds, as the control plane logged them. */
+  wholeFleet: Rollout[];
   change: {
     /** Nodes the changed unit is placed on, by `allot` in this process over the lab's profiles. */
     placed: number;
@@ -131,8 +135,35 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
       `${initial.result.conditions.length} condition(s)`,
   );
 
+  // A change every node holds, several times: the roll-out of a plan change touching the whole fleet, timed each
+  // time (the first roll-out above is also the control plane's first of this plan's composition).
+  const wholeFleet: Rollout[] = [];
+  let common = 1;
+  for (let round = 1; round <= settings.rounds; round++) {
+    common++;
+    const file = join(dir, `bench-plan-common-${common}.json`);
+    writeFileSync(file, JSON.stringify(benchPlan(names, false, common)));
+    const whole = await apply(file);
+    const rollout = rolloutOf(settings.serve.stderr(), whole.result.revision);
+    say(
+      `plan: the unit every node holds changed (round ${round}): sent to ${whole.result.sent.length} nodes, ` +
+        (rollout === undefined
+          ? "serve logged no roll-out of it"
+          : `serve's roll-out ${rollout.ms} ms (compose ${rollout.composeMs}, send ${rollout.sendMs}), ` +
+            `${rollout.cpuMs} ms of CPU`) +
+        `; all kept by ${whole.converged.max.toFixed(0)} ms`,
+    );
+    if (whole.result.sent.length !== initial.result.sent.length) {
+      mismatches.push(
+        `round ${round}: the unit every node holds changed, and ${whole.result.sent.length} of ` +
+          `${initial.result.sent.length} nodes were sent it`,
+      );
+    }
+    if (rollout !== undefined) wholeFleet.push(rollout);
+  }
+
   // One unit changed: what diff says would be sent, what apply sent, what the store recorded, must all agree.
-  const next = benchPlan(names, true);
+  const next = benchPlan(names, true, common);
   const placed = allot(next, benchFleet(names)).placed.get(changedUnit)?.length ?? 0;
   const second = join(dir, "bench-plan-2.json");
   writeFileSync(second, JSON.stringify(next));
@@ -210,6 +241,7 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
       converged: initial.converged,
       rollout: initialRollout,
     },
+    wholeFleet,
     change: {
       ...counts,
       itemsChange: diff.nodes.length,
@@ -240,10 +272,6 @@ function servingEpochOf(log: string): number {
   throw new Error("the control plane's log has no control.serving line");
 }
 
-/**
- * The roll-out of `revision` that sent declarations, as the control plane logged it: how many, and how long the
- * whole roll-out took (the plan and the fleet read, composed, signed, recorded, sent).
- */
 /** A roll-out as serve logged it: declarations sent, its time, and serve's CPU over it (every thread's). */
 export interface Rollout {
   sent: number;
@@ -254,6 +282,10 @@ export interface Rollout {
   sendMs: number;
 }
 
+/**
+ * The roll-out of `revision` that sent declarations, as the control plane logged it: how many, and how long the
+ * whole roll-out took (the plan and the fleet read, composed, signed, recorded, sent).
+ */
 export function rolloutOf(log: string, revision: number): Rollout | undefined {
   for (const line of log.split("\n")) {
     if (!line.includes('"event":"plan.rolled_out"')) continue;
