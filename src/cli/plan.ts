@@ -6,7 +6,7 @@
 import { readFileSync } from "node:fs";
 import type { Command } from "commander";
 import { stringify as toYaml } from "yaml";
-import type { Composition } from "../control/allot.js";
+import type { Composition } from "../control/compose.js";
 import type { FleetReading, Outlook, PlanAt } from "../control/plans.js";
 import { heldOf, needsSending, outlookOf, parsePlanFile, readFleet, readPlan } from "../control/plans.js";
 import { MeshError, UsageError } from "../errors.js";

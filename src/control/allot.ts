@@ -5,10 +5,8 @@
  * moves only the placements it must), and respects resources (a placement's request must fit what is left of its
  * node). What cannot be placed is a condition, for a person to read.
  */
-import type { DeclaredItem, Plan, PlanUnit, Selector } from "../link/index.js";
+import type { Plan, PlanUnit, Selector } from "../link/index.js";
 import { parseDuration } from "../config/duration.js";
-import { MeshError } from "../errors.js";
-import { itemsDigest, itemsOfContents } from "../link/index.js";
 
 /** A node as allot sees it: its name and the profile it sent at enrolment. */
 export interface FleetNode {
@@ -70,12 +68,11 @@ export function canHold(unit: PlanUnit, node: FleetNode): boolean {
  * The nodes each unit's selector matches and that can hold it, in name order. The fleet is grouped once by all that
  * a selector of this plan can look at (CPUs, memory, drivers, and the values of the label keys some unit selects by)
  * and each unit is matched once per group rather than once per node: to a plan that selects by role and zone, ten
- * thousand nodes are a few dozen groups. (Measured: matching node by node was three quarters of allot's time for 100
- * units over 10,000 nodes.) A unit naming its nodes (a pin from `mesh declare`) looks only at those.
+ * thousand nodes are a few dozen groups. A unit naming its nodes (a pin from `mesh declare`) looks only at those.
  */
 export function matcher(plan: Plan, fleet: readonly FleetNode[]): (unit: PlanUnit) => FleetNode[] {
-  const byName = new Map(fleet.map((node) => [node.name, node]));
-  const inOrder = [...fleet].sort(byNodeName);
+  const named = new Map(fleet.map((node) => [node.name, node]));
+  const inOrder = [...fleet].sort(byName);
   const labelKeys = [...new Set(plan.units.flatMap((unit) => Object.keys(unit.where?.labels ?? {})))];
   /** Each group's first node, standing for all of it; and each node's group, by its place in `inOrder`. */
   const firsts: FleetNode[] = [];
@@ -95,21 +92,22 @@ export function matcher(plan: Plan, fleet: readonly FleetNode[]): (unit: PlanUni
   }
   return (unit) => {
     const fits = (node: FleetNode) => matches(unit.where, node) && canHold(unit, node);
-    const named = unit.where?.nodes;
-    if (named !== undefined) {
-      return [...new Set(named)]
+    const names = unit.where?.nodes;
+    if (names !== undefined) {
+      return [...new Set(names)]
         .flatMap((name) => {
-          const node = byName.get(name);
+          const node = named.get(name);
           return node !== undefined && fits(node) ? [node] : [];
         })
-        .sort(byNodeName);
+        .sort(byName);
     }
     const matched = firsts.map(fits);
     return inOrder.filter((_, index) => matched[groupOf[index] ?? -1] === true);
   };
 }
 
-function byNodeName(a: FleetNode, b: FleetNode): number {
+/** By name, as a string sort orders names: nodes, units. */
+function byName(a: { name: string }, b: { name: string }): number {
   return a.name < b.name ? -1 : a.name > b.name ? 1 : 0;
 }
 
@@ -125,7 +123,7 @@ export function rendezvousScore(unit: string, node: string): number {
  * {@link rendezvousScore} for one unit and many nodes: the hash of the unit's name (and the separator) is taken once,
  * and each node's name continues from it.
  */
-export function scorerFor(unit: string): (node: string) => number {
+function scorerFor(unit: string): (node: string) => number {
   const prefix = fnv1a(0x811c9dc5, `${unit}\u0000`);
   return (node) => {
     let hash = fnv1a(prefix, node);
@@ -160,7 +158,7 @@ function ranksBefore(a: Ranked, b: Ranked): boolean {
 
 /**
  * The candidates in rank order, ordered only as far as they are read: a unit placed 5 times among 10,000 candidates
- * reads a few of them, and a full sort of each unit's candidates was a third of allot's time.
+ * reads a few of them.
  */
 export function* inRankOrder(candidates: readonly Ranked[]): Generator<Ranked> {
   // A binary heap, best first.
@@ -216,7 +214,7 @@ export function allot(
     fleet.map((node) => [node.name, { cpu: node.profile.cpu, memory_mb: node.profile.memory_mb }]),
   );
   // By name, so the order units are written in moves nothing; units on every match first: they take no capacity.
-  const units = [...plan.units].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  const units = [...plan.units].sort(byName);
   for (const unit of units.filter((one) => one.count === undefined)) {
     const nodes = matchingOf(unit).map((node) => node.name);
     placed.set(unit.name, nodes);
@@ -314,90 +312,4 @@ function shortOf(
       ? ""
       : `; ${away} more match but ${away === 1 ? "is" : "are"} out of touch longer than ${unit.move_after ?? ""}`;
   return { unit: unit.name, wanted, placed, reason: reason + moved };
-}
-
-/** Two units that would put different items under one id on one node: the plan cannot be applied. */
-export interface ItemConflict {
-  node: string;
-  id: string;
-  units: [string, string];
-}
-
-/** What one node should hold, as composed from the units placed on it. */
-export interface Composition {
-  /** The units placed on the node, by name, sorted. */
-  units: string[];
-  /** Their items, in unit-name order, an item two units declare identically held once. */
-  items: DeclaredItem[];
-  /** `itemsDigest(items)`: what is compared with the digest last sent. */
-  digest: string;
-  conflicts: ItemConflict[];
-}
-
-/**
- * Composes what every node of the fleet should hold: each unit's items are made once, and nodes placed on the same
- * set of units share one composition (a fleet of ten thousand nodes usually has a handful of distinct ones). A node
- * with no unit composes to holding nothing. Conflicts are returned, not resolved: a plan with any is refused whole.
- */
-export function composeFleet(
-  plan: Plan,
-  allotment: Allotment,
-  nodes: readonly string[],
-): Map<string, Composition> {
-  const unitsOf = new Map<string, string[]>(nodes.map((node) => [node, []]));
-  for (const name of [...allotment.placed.keys()].sort()) {
-    for (const node of allotment.placed.get(name) ?? []) unitsOf.get(node)?.push(name);
-  }
-  const byName = new Map(plan.units.map((unit) => [unit.name, unit]));
-  const itemsOfUnit = new Map<string, Array<{ item: DeclaredItem; text: string }>>();
-  const itemsOf = (name: string) => {
-    let items = itemsOfUnit.get(name);
-    if (items === undefined) {
-      const unit = byName.get(name);
-      items = (unit === undefined ? [] : itemsOfContents(unit)).map((item) => ({
-        item,
-        text: JSON.stringify(item),
-      }));
-      itemsOfUnit.set(name, items);
-    }
-    return items;
-  };
-  const shared = new Map<
-    string,
-    Omit<Composition, "conflicts"> & { conflicts: Omit<ItemConflict, "node">[] }
-  >();
-  const compositions = new Map<string, Composition>();
-  for (const node of nodes) {
-    const units = unitsOf.get(node) ?? [];
-    const key = units.join("\n");
-    let composed = shared.get(key);
-    if (composed === undefined) {
-      const byId = new Map<string, { item: DeclaredItem; unit: string; text: string }>();
-      const conflicts: Omit<ItemConflict, "node">[] = [];
-      for (const unit of units) {
-        for (const { item, text } of itemsOf(unit)) {
-          const earlier = byId.get(item.id);
-          if (earlier === undefined) byId.set(item.id, { item, unit, text });
-          else if (earlier.text !== text) conflicts.push({ id: item.id, units: [earlier.unit, unit] });
-        }
-      }
-      const items = [...byId.values()].map(({ item }) => item);
-      composed = { units, items, digest: itemsDigest(items), conflicts };
-      shared.set(key, composed);
-    }
-    compositions.set(node, {
-      units: composed.units,
-      items: composed.items,
-      digest: composed.digest,
-      conflicts: composed.conflicts.map((conflict) => ({ node, ...conflict })),
-    });
-  }
-  return compositions;
-}
-
-/** What one node should hold: `composeFleet` for that node alone (what `mesh plan render` prints). */
-export function composeFor(plan: Plan, allotment: Allotment, node: string): Composition {
-  const composition = composeFleet(plan, allotment, [node]).get(node);
-  if (composition === undefined) throw new MeshError("internal", `${node} was not composed`);
-  return composition;
 }

@@ -2,7 +2,8 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import fc from "fast-check";
 import type { FleetNode } from "../../src/control/allot.js";
-import { allot, composeFleet, composeFor } from "../../src/control/allot.js";
+import { allot } from "../../src/control/allot.js";
+import { composeFleet, composeFor } from "../../src/control/compose.js";
 import {
   needsSending,
   outlookOf,

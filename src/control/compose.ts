@@ -1,0 +1,94 @@
+/**
+ * Compose: what each node should hold, from the units allot placed on it. Each unit's items are made once, and nodes
+ * placed on the same set of units share one composition.
+ */
+import type { DeclaredItem, Plan } from "../link/index.js";
+import { MeshError } from "../errors.js";
+import { itemsDigest, itemsOfContents } from "../link/index.js";
+import type { Allotment } from "./allot.js";
+
+/** Two units that would put different items under one id on one node: the plan cannot be applied. */
+export interface ItemConflict {
+  node: string;
+  id: string;
+  units: [string, string];
+}
+
+/** What one node should hold, as composed from the units placed on it. */
+export interface Composition {
+  /** The units placed on the node, by name, sorted. */
+  units: string[];
+  /** Their items, in unit-name order, an item two units declare identically held once. */
+  items: DeclaredItem[];
+  /** `itemsDigest(items)`: what is compared with the digest last sent. */
+  digest: string;
+  conflicts: ItemConflict[];
+}
+
+/**
+ * Composes what every node of the fleet should hold: each unit's items are made once, and nodes placed on the same
+ * set of units share one composition (a fleet of ten thousand nodes usually has a handful of distinct ones). A node
+ * with no unit composes to holding nothing. Conflicts are returned, not resolved: a plan with any is refused whole.
+ */
+export function composeFleet(
+  plan: Plan,
+  allotment: Allotment,
+  nodes: readonly string[],
+): Map<string, Composition> {
+  const unitsOf = new Map<string, string[]>(nodes.map((node) => [node, []]));
+  for (const name of [...allotment.placed.keys()].sort()) {
+    for (const node of allotment.placed.get(name) ?? []) unitsOf.get(node)?.push(name);
+  }
+  const byName = new Map(plan.units.map((unit) => [unit.name, unit]));
+  const itemsOfUnit = new Map<string, Array<{ item: DeclaredItem; text: string }>>();
+  const itemsOf = (name: string) => {
+    let items = itemsOfUnit.get(name);
+    if (items === undefined) {
+      const unit = byName.get(name);
+      items = (unit === undefined ? [] : itemsOfContents(unit)).map((item) => ({
+        item,
+        text: JSON.stringify(item),
+      }));
+      itemsOfUnit.set(name, items);
+    }
+    return items;
+  };
+  const shared = new Map<
+    string,
+    Omit<Composition, "conflicts"> & { conflicts: Omit<ItemConflict, "node">[] }
+  >();
+  const compositions = new Map<string, Composition>();
+  for (const node of nodes) {
+    const units = unitsOf.get(node) ?? [];
+    const key = units.join("\n");
+    let composed = shared.get(key);
+    if (composed === undefined) {
+      const byId = new Map<string, { item: DeclaredItem; unit: string; text: string }>();
+      const conflicts: Omit<ItemConflict, "node">[] = [];
+      for (const unit of units) {
+        for (const { item, text } of itemsOf(unit)) {
+          const earlier = byId.get(item.id);
+          if (earlier === undefined) byId.set(item.id, { item, unit, text });
+          else if (earlier.text !== text) conflicts.push({ id: item.id, units: [earlier.unit, unit] });
+        }
+      }
+      const items = [...byId.values()].map(({ item }) => item);
+      composed = { units, items, digest: itemsDigest(items), conflicts };
+      shared.set(key, composed);
+    }
+    compositions.set(node, {
+      units: composed.units,
+      items: composed.items,
+      digest: composed.digest,
+      conflicts: composed.conflicts.map((conflict) => ({ node, ...conflict })),
+    });
+  }
+  return compositions;
+}
+
+/** What one node should hold: `composeFleet` for that node alone (what `mesh plan render` prints). */
+export function composeFor(plan: Plan, allotment: Allotment, node: string): Composition {
+  const composition = composeFleet(plan, allotment, [node]).get(node);
+  if (composition === undefined) throw new MeshError("internal", `${node} was not composed`);
+  return composition;
+}
