@@ -58,7 +58,7 @@ export function startServe(
   const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
   const serving = new Promise<void>((resolve, reject) => {
     child.stderr.on("data", (chunk: Buffer) => {
-      // Keep only the start and the tail: a long run logs liveness crossings.
+      // Keep only the tail: a long run logs liveness crossings.
       err = (err + chunk.toString("utf8")).slice(-200_000);
       if (err.includes('"event":"control.serving"')) resolve();
     });

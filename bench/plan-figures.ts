@@ -89,7 +89,12 @@ export function planMeshFigures(
       convergence_ms: m.initial.converged,
       rollout: m.initial.rollout ?? null,
     },
-    whole_fleet_rollouts: m.wholeFleet,
+    whole_fleet: m.wholeFleet.map((round) => ({
+      sent: round.sent,
+      apply_ms: round.applyMs,
+      convergence_ms: round.converged,
+      rollout: round.rollout ?? null,
+    })),
     change: {
       placed: change.placed,
       would_send: change.wouldSend,
@@ -118,9 +123,10 @@ export function planMeshFigures(
   const failoverSent = (failover.rolledOut?.sent ?? 0) + failover.events + failover.sequencesMoved;
   const failoverBad = failoverSent > 0 || failover.sentEpoch !== failover.epochs[1];
   const rollout = m.initial.rollout;
-  const rates = m.wholeFleet.map((one) => one.sent / (one.ms / 1000));
-  const cpuRates = m.wholeFleet.map((one) => one.sent / (Math.max(one.cpuMs, 1) / 1000));
-  const rounds = `median of ${m.wholeFleet.length} round(s)`;
+  const timed = m.wholeFleet.flatMap((round) => (round.rollout === undefined ? [] : [round.rollout]));
+  const rounds = `median of ${timed.length} of ${m.wholeFleet.length} round(s)`;
+  const roundsBad =
+    timed.length < m.wholeFleet.length || timed.some((one, i) => one.sent !== m.wholeFleet[i]?.sent);
   const figures: Figure[] = [
     ...(rollout === undefined
       ? []
@@ -135,20 +141,31 @@ export function planMeshFigures(
               `${rollout.sent} in ${rollout.ms} ms, as \`mesh serve\` logged it (plan.rolled_out); the first ` +
               "composition of this plan in the control plane's life",
           },
+          rolloutCpuFigure(
+            "plan",
+            rollout.sent / (Math.max(rollout.cpuMs, 1) / 1000),
+            signingLimit,
+            `the first roll-out: ${rollout.sent} in ${rollout.cpuMs} ms of CPU`,
+          ),
         ]),
-    ...(m.wholeFleet.length === 0
+    ...(timed.length === 0
       ? []
       : [
           {
             part: "plan",
             what: "a change every node holds: its roll-out, declarations composed, signed, recorded, sent",
-            value: median(rates),
+            value: median(timed.map((one) => one.sent / (one.ms / 1000))),
             unit: "/s",
             limit: signingLimit,
             target: "≥ 0.5×",
-            note: `${rounds}, as \`mesh serve\` logged each (plan.rolled_out)`,
+            note: `${loud(roundsBad)}${rounds}, as \`mesh serve\` logged each (plan.rolled_out)`,
           },
-          rolloutCpuFigure("plan", median(cpuRates), signingLimit, rounds),
+          rolloutCpuFigure(
+            "plan",
+            median(timed.map((one) => one.sent / (Math.max(one.cpuMs, 1) / 1000))),
+            signingLimit,
+            `a change every node holds: ${rounds}`,
+          ),
         ]),
     {
       part: "plan",

@@ -39,6 +39,13 @@ export interface PlanOnMeshSettings {
   say: (line: string) => void;
 }
 
+export interface WholeFleetRound {
+  sent: number;
+  applyMs: number;
+  converged: Spread;
+  rollout: Rollout | undefined;
+}
+
 export interface PlanOnMesh {
   initial: {
     sent: number;
@@ -47,8 +54,8 @@ export interface PlanOnMesh {
     /** The control plane's roll-out of the whole plan, as it logged it: its first, of a plan new to it. */
     rollout: Rollout | undefined;
   };
-  /** The roll-outs of each change to the unit every node holds, as the control plane logged them. */
-  wholeFleet: Rollout[];
+  /** Each change to the unit every node holds: what apply sent, its roll-out as serve logged it, and convergence. */
+  wholeFleet: WholeFleetRound[];
   change: {
     /** Nodes the changed unit is placed on, by `allot` in this process over the lab's profiles. */
     placed: number;
@@ -137,33 +144,33 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
 
   // A change every node holds, several times: the roll-out of a plan change touching the whole fleet, timed each
   // time (the first roll-out above is also the control plane's first of this plan's composition).
-  const wholeFleet: Rollout[] = [];
-  let common = 1;
+  const wholeFleet: WholeFleetRound[] = [];
   for (let round = 1; round <= settings.rounds; round++) {
-    common++;
-    const file = join(dir, `bench-plan-common-${common}.json`);
-    writeFileSync(file, JSON.stringify(benchPlan(names, false, common)));
+    const commonRound = round + 1;
+    const file = join(dir, `bench-plan-common-${commonRound}.json`);
+    writeFileSync(file, JSON.stringify(benchPlan(names, { commonRound })));
     const whole = await apply(file);
+    const sent = whole.result.sent.length;
     const rollout = rolloutOf(settings.serve.stderr(), whole.result.revision);
     say(
-      `plan: the unit every node holds changed (round ${round}): sent to ${whole.result.sent.length} nodes, ` +
+      `plan: the unit every node holds changed (round ${round}): sent to ${sent} nodes, ` +
         (rollout === undefined
           ? "serve logged no roll-out of it"
           : `serve's roll-out ${rollout.ms} ms (compose ${rollout.composeMs}, send ${rollout.sendMs}), ` +
             `${rollout.cpuMs} ms of CPU`) +
         `; all kept by ${whole.converged.max.toFixed(0)} ms`,
     );
-    if (whole.result.sent.length !== initial.result.sent.length) {
-      mismatches.push(
-        `round ${round}: the unit every node holds changed, and ${whole.result.sent.length} of ` +
-          `${initial.result.sent.length} nodes were sent it`,
-      );
-    }
-    if (rollout !== undefined) wholeFleet.push(rollout);
+    if (sent !== initial.result.sent.length)
+      mismatches.push(`round ${round}: ${sent} of ${initial.result.sent.length} nodes were sent the change`);
+    if (rollout === undefined)
+      mismatches.push(`round ${round}: serve logged no roll-out of revision ${whole.result.revision}`);
+    else if (rollout.sent !== sent)
+      mismatches.push(`round ${round}: serve's roll-out sent ${rollout.sent}, apply's list ${sent}`);
+    wholeFleet.push({ sent, applyMs: whole.applyMs, converged: whole.converged, rollout });
   }
 
   // One unit changed: what diff says would be sent, what apply sent, what the store recorded, must all agree.
-  const next = benchPlan(names, true, common);
+  const next = benchPlan(names, { changed: true, commonRound: settings.rounds + 1 });
   const placed = allot(next, benchFleet(names)).placed.get(changedUnit)?.length ?? 0;
   const second = join(dir, "bench-plan-2.json");
   writeFileSync(second, JSON.stringify(next));

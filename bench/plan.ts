@@ -65,13 +65,16 @@ export function labNames(prefix: string, nodes: number): string[] {
 /**
  * A plan of 100 units for a fleet of these nodes: 55 on every match (the whole fleet, by role, zone, tier, their
  * pairs, label lists, CPU and memory floors), 40 with a count (sized to the fleet) and resources, 5 naming nodes.
- * Each unit holds one file of its own, so no two units conflict. `changed` rewrites `role-db`'s file; `common`
+ * Each unit holds one file of its own, so no two units conflict. `changed` rewrites `role-db`'s file; `commonRound`
  * rewrites the file of the unit every node holds (a change that touches the whole fleet).
  */
-export function benchPlan(names: readonly string[], changed = false, common = 1): Plan {
+export function benchPlan(
+  names: readonly string[],
+  { changed = false, commonRound = 1 }: { changed?: boolean; commonRound?: number } = {},
+): Plan {
   const units: Array<Record<string, unknown>> = [];
   const unit = (name: string, rest: Record<string, unknown> = {}) => {
-    const round = name === "common" ? common : changed && name === changedUnit ? 2 : 1;
+    const round = name === "common" ? commonRound : changed && name === changedUnit ? 2 : 1;
     units.push({
       name,
       ...rest,
