@@ -59,13 +59,41 @@ export interface BenchBroker {
   queued(): Promise<number>;
   /** Drains the control queue with the client library alone: consume, acknowledge, count. */
   drainRaw(): Promise<Drained>;
-  /** Sends, as each node, what `send` sends on that node's bus. */
-  sendAsNodes(
-    nodes: readonly string[],
-    identityOf: (node: string) => HostIdentity,
-    send: (node: string, bus: NodeBus) => Promise<void>,
-  ): Promise<void>;
+  /**
+   * Connects as each node, ready to send: opened first, so that sending costs no connection's set-up (the ingest
+   * part stops serve while a backlog is sent, and keeps that stop short).
+   */
+  openAsNodes(nodes: readonly string[], identityOf: (node: string) => HostIdentity): Promise<AsNodes>;
   stop(): Promise<void>;
+}
+
+/** Connections as each of a set of nodes. */
+export interface AsNodes {
+  /** Sends, as each node, what `send` sends on that node's bus. */
+  send(send: (node: string, bus: NodeBus) => Promise<void>): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** Opens every connection `open` makes, `together` at a time; should one fail, those opened are closed. */
+async function openAll<T extends { close(): Promise<void> }>(
+  count: number,
+  together: number,
+  open: (index: number) => Promise<T>,
+): Promise<T[]> {
+  const opened: T[] = [];
+  try {
+    for (let i = 0; i < count; i += together) {
+      const indexes = Array.from({ length: Math.min(together, count - i) }, (_, k) => i + k);
+      const settled = await Promise.allSettled(indexes.map(open));
+      for (const one of settled) if (one.status === "fulfilled") opened.push(one.value);
+      const failure = settled.find((one) => one.status === "rejected");
+      if (failure !== undefined) throw failure.reason;
+    }
+  } catch (error) {
+    await Promise.allSettled(opened.map((one) => one.close()));
+    throw error;
+  }
+  return opened;
 }
 
 /** The machine's RabbitMQ, as the tests take it (MESH_BENCH_RABBITMQ, MESH_BENCH_RABBITMQ_API). */
@@ -219,13 +247,23 @@ async function startNats(data: string, dir: string): Promise<BenchBroker> {
       return drained;
     },
     // In groups of 20 on a shared lab connection, as the lab runs above a few hundred nodes.
-    sendAsNodes: async (nodes, _identityOf, send) => {
-      for (let i = 0; i < nodes.length; i += 20) {
-        const group = nodes.slice(i, i + 20);
-        const connection = await openLabConnection(data, url, group);
-        for (const node of group) await send(node, connection.nodeBus(node));
-        await connection.close();
-      }
+    openAsNodes: async (nodes) => {
+      const groups = Array.from({ length: Math.ceil(nodes.length / 20) }, (_, i) =>
+        nodes.slice(i * 20, i * 20 + 20),
+      );
+      const connections = await openAll(groups.length, 10, (i) =>
+        openLabConnection(data, url, groups[i] ?? []),
+      );
+      return {
+        send: async (send) => {
+          for (const [i, connection] of connections.entries()) {
+            for (const node of groups[i] ?? []) await send(node, connection.nodeBus(node));
+          }
+        },
+        close: async () => {
+          for (const connection of connections) await connection.close();
+        },
+      };
     },
     stop: () => server.stop(),
   };
@@ -398,20 +436,24 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
         return clock.result();
       }),
     // Each node on its own connection: RabbitMQ checks every message's user against its connection's.
-    sendAsNodes: async (nodes, identityOf, send) => {
-      for (let i = 0; i < nodes.length; i += 10) {
-        await Promise.all(
-          nodes.slice(i, i + 10).map(async (node) => {
-            const identity = identityOf(node);
-            const bus = await openNodeSide(identity.broker.url, node, identity.broker.credential, undefined);
-            try {
-              await send(node, bus);
-            } finally {
-              await bus.close();
-            }
-          }),
-        );
-      }
+    openAsNodes: async (nodes, identityOf) => {
+      const buses = await openAll(nodes.length, 10, (i) => {
+        const node = nodes[i] ?? "";
+        const identity = identityOf(node);
+        return openNodeSide(identity.broker.url, node, identity.broker.credential, undefined);
+      });
+      return {
+        // A hundred nodes at a time: each waits for the broker's confirm of every message, and ten at a time
+        // kept serve stopped longer than its connection's heartbeat allows (26 s for 1,000 nodes).
+        send: async (send) => {
+          for (let i = 0; i < buses.length; i += 100) {
+            await Promise.all(buses.slice(i, i + 100).map((bus, k) => send(nodes[i + k] ?? "", bus)));
+          }
+        },
+        close: async () => {
+          await Promise.all(buses.map((bus) => bus.close()));
+        },
+      };
     },
     stop: async () => {
       for (const user of await api.users()) {

@@ -52,6 +52,12 @@ import { sleep, waitFor, waitForAsync } from "./wait.js";
 
 const say = (line: string) => process.stderr.write(`${line}\n`);
 
+/**
+ * How long serve's lease is while the ingest part runs: it is stopped (SIGSTOP) while a backlog is sent, and
+ * must still hold the lease when it is let go. The seed's 15 s would lapse while 10,000 nodes' backlog is sent.
+ */
+const drainLeaseTtl = "300s";
+
 /** What the fleet is declared in the fan-out rounds, as the control plane composes it. */
 const benchItems: DeclaredItem[] = [
   {
@@ -626,53 +632,96 @@ async function benchMesh(): Promise<void> {
       await preload(broker, lab, sent, R, 2_000_000);
       const pending = await broker.queued();
       const metricsAddress = `127.0.0.1:${await freePort()}`;
-      serve = startServe(data, broker.url, profileDir, metricsAddress);
+      // A lease long enough to be stopped through the second backlog's sending (below) and act again at once.
+      serve = startServe(data, broker.url, profileDir, metricsAddress, { MESH_LEASE_TTL: drainLeaseTtl });
       await serve.serving;
-      const cpuBefore = cpuSeconds(serve.pid);
-      const brokerBeforeServe = brokerCpu(broker.pid);
-      const mesh = await timeServeDrain(serve, metricsAddress, pending);
-      const cpuMs = (cpuSeconds(serve.pid) - cpuBefore) * 1000;
-      const brokerServeMs = cpuMsSince(brokerBeforeServe, brokerCpu(broker.pid));
+      // First as a serve just started meets a backlog (a restart, a takeover): its code and caches cold, where the
+      // raw consumer's client has run the lab in this process.
+      const fresh = await measureServeDrain(serve, broker, metricsAddress, pending, 0);
+      // Then as a serve that has been running meets one (its store was down a while, the fleet sent a burst), like
+      // the raw consumer: stopped while the backlog is sent, so that nothing is taken before the clock starts.
+      const handledBefore = await handledBy(metricsAddress);
+      // Every message sent is counted: the backlog held nothing else, as serve had drained the first.
+      let pausedMs = 0;
+      const warmPending = await preload(broker, lab, sent, R, 3_000_000, async (sending) => {
+        process.kill(serve.pid, "SIGSTOP");
+        const pausedAt = performance.now();
+        try {
+          await sending();
+        } finally {
+          process.kill(serve.pid, "SIGCONT");
+          pausedMs = performance.now() - pausedAt;
+        }
+      });
+      const warm = await measureServeDrain(serve, broker, metricsAddress, warmPending, handledBefore);
       const rate = (drained: { messages: number; ms: number }) => drained.messages / (drained.ms / 1000);
+      const told = (what: string, drained: MeasuredDrain) =>
+        `${what} ${drained.messages} in ${drained.ms.toFixed(0)} ms (${drained.cpuMs.toFixed(0)} ms of CPU, ` +
+        `the broker's ${drained.brokerCpuMs?.toFixed(0) ?? "?"}), steady ${rate(drained.steady).toFixed(0)} msg/s`;
       say(
-        `ingest: serve ${mesh.messages} in ${mesh.ms.toFixed(0)} ms (${cpuMs.toFixed(0)} ms of CPU), ` +
-          `steady ${rate(mesh.steady).toFixed(0)} msg/s; raw ${raw.messages} in ${raw.ms.toFixed(0)} ms, ` +
-          `steady ${rate(raw.steady).toFixed(0)} msg/s (${rawCpuMs.toFixed(0)} ms of CPU); the broker's CPU: ` +
-          `${brokerServeMs?.toFixed(0) ?? "?"} ms beside serve, ${brokerRawMs?.toFixed(0) ?? "?"} ms beside raw`,
+        `ingest: ${told("serve running", warm)}; ${told("serve just started", fresh)}; raw ${raw.messages} in ` +
+          `${raw.ms.toFixed(0)} ms, steady ${rate(raw.steady).toFixed(0)} msg/s (${rawCpuMs.toFixed(0)} ms of ` +
+          `CPU, the broker's ${brokerRawMs?.toFixed(0) ?? "?"}); serve was stopped ${pausedMs.toFixed(0)} ms ` +
+          `while the second backlog was sent`,
       );
       extra.ingest = {
-        backlog: pending,
-        serve_ms: mesh.ms,
-        serve_cpu_ms: cpuMs,
-        serve_steady: mesh.steady,
+        backlog: warmPending,
+        serve_ms: warm.ms,
+        serve_cpu_ms: warm.cpuMs,
+        serve_steady: warm.steady,
+        broker_cpu_ms_serve: warm.brokerCpuMs,
+        fresh_backlog: pending,
+        fresh_serve_ms: fresh.ms,
+        fresh_serve_cpu_ms: fresh.cpuMs,
+        fresh_serve_steady: fresh.steady,
+        fresh_broker_cpu_ms_serve: fresh.brokerCpuMs,
+        serve_stopped_ms: pausedMs,
+        warm_held: pausedMs <= (broker.kind === "amqp" ? 20_000 : 30_000),
         raw_messages: raw.messages,
         raw_ms: raw.ms,
         raw_steady: raw.steady,
         raw_cpu_ms: rawCpuMs,
-        broker_cpu_ms_serve: brokerServeMs,
         broker_cpu_ms_raw: brokerRawMs,
         warm_up_share: warmUpShare,
         reports_per_node: R,
       };
+      const consumer = `raw ${broker.kind === "nats" ? "JetStream" : "AMQP"} consume+ack`;
+      // A stop longer than the broker keeps a silent client for (RabbitMQ: two of serve's 10 s heartbeats; NATS:
+      // the pull consumer's own heartbeats, well within this) may have cost serve its connection: that drain is
+      // then no steady state, and the figures are the freshly started serve's, said so.
+      const warmHeld = pausedMs <= (broker.kind === "amqp" ? 20_000 : 30_000);
+      const steady = warmHeld ? warm : fresh;
       figures.push({
         part: "ingest",
         what: `alive+report through serve (${R} reports : 1 alive), steady`,
-        value: rate(mesh.steady),
+        value: rate(steady.steady),
         unit: "msg/s",
-        limit: {
-          value: rate(raw.steady),
-          what: `raw ${broker.kind === "nats" ? "JetStream" : "AMQP"} consume+ack, steady`,
-        },
+        limit: { value: rate(raw.steady), what: `${consumer}, steady` },
         target: "≥ 0.8×",
-        note: `backlog of ${pending}, timed after the first ${warmUpShare * 100} %`,
+        note: warmHeld
+          ? `backlog of ${warmPending} met by a serve already running (stopped while it was sent), timed after ` +
+            `the first ${warmUpShare * 100} %`
+          : `by the serve just started: sending the second backlog kept serve stopped ${(pausedMs / 1000).toFixed(0)} ` +
+            `s, longer than the broker keeps a silent connection; timed after the first ${warmUpShare * 100} %`,
       });
+      if (warmHeld) {
+        figures.push({
+          part: "ingest",
+          what: "the same, whole drain",
+          value: rate(warm),
+          unit: "msg/s",
+          limit: { value: rate(raw), what: `${consumer}, whole drain` },
+          target: "≥ 0.8×",
+        });
+      }
       figures.push({
         part: "ingest",
-        what: "the same, whole drain (warm-up included)",
-        value: rate(mesh),
+        what: "whole drain by a serve just started (a restart or takeover meeting a backlog)",
+        value: rate(fresh),
         unit: "msg/s",
-        limit: { value: rate(raw), what: "raw, whole drain" },
+        limit: { value: rate(raw), what: `${consumer}, whole drain` },
         target: "≥ 0.8×",
+        note: `backlog of ${pending}; serve's code and caches cold, the raw consumer's client warm (it ran the lab)`,
       });
     }
   } catch (error) {
@@ -712,64 +761,103 @@ function cpuMsSince(before: number | null, after: number | null): number | null 
   return before === null || after === null ? null : (after - before) * 1000;
 }
 
-/** Publishes one alive and `perNode` reports for each node, as that node. */
+/**
+ * Publishes one alive and `perNode` reports for each node, as that node, and waits until the broker holds them;
+ * returns how many it sent. The nodes' connections are opened first: `around` is given the sending alone.
+ */
 async function preload(
   broker: BenchBroker,
   lab: Lab,
   sent: ReadonlyMap<string, SentDeclaration>,
   perNode: number,
   firstReportSequence: number,
-): Promise<void> {
+  around: (sending: () => Promise<void>) => Promise<void> = (sending) => sending(),
+): Promise<number> {
   const before = await broker.queued();
-  await broker.sendAsNodes(
-    lab.names,
-    (node) => lab.identityOf(node),
-    async (node, bus) => {
-      const held = sent.get(node);
-      const at = new Date().toISOString();
-      await bus.publishAlive(
-        encodeMessage({
-          kind: "alive",
-          node,
-          sent_at: at,
-          holds: { epoch: held?.epoch ?? 0, sequence: held?.sequence ?? 0 },
-        }),
-      );
-      for (let k = 0; k < perNode; k++) {
-        const report_sequence = firstReportSequence + k;
-        const body = encodeMessage({
-          kind: "report",
-          node,
-          epoch: held?.epoch ?? 0,
-          sequence: held?.sequence ?? 0,
-          report_sequence,
-          digest: held?.digest ?? "sha256:" + "0".repeat(64),
-          outcome: "applied",
-          items: [{ id: "file:/etc/bench", state: "applied" }],
-          sent_at: at,
-        });
-        await bus.publishReport(body);
-      }
-    },
-  );
-  // On NATS alives keep one per node, so the backlog grows by the reports at least.
-  const expected = before + lab.names.length * perNode;
-  await waitForAsync(async () => (await broker.queued()) >= expected, 60_000, 100);
+  const asNodes = await broker.openAsNodes(lab.names, (node) => lab.identityOf(node));
+  try {
+    await around(async () => {
+      await asNodes.send(async (node, bus) => {
+        const held = sent.get(node);
+        const at = new Date().toISOString();
+        await bus.publishAlive(
+          encodeMessage({
+            kind: "alive",
+            node,
+            sent_at: at,
+            holds: { epoch: held?.epoch ?? 0, sequence: held?.sequence ?? 0 },
+          }),
+        );
+        for (let k = 0; k < perNode; k++) {
+          const report_sequence = firstReportSequence + k;
+          const body = encodeMessage({
+            kind: "report",
+            node,
+            epoch: held?.epoch ?? 0,
+            sequence: held?.sequence ?? 0,
+            report_sequence,
+            digest: held?.digest ?? "sha256:" + "0".repeat(64),
+            outcome: "applied",
+            items: [{ id: "file:/etc/bench", state: "applied" }],
+            sent_at: at,
+          });
+          await bus.publishReport(body);
+        }
+      });
+      // On NATS alives keep one per node, so the backlog grows by the reports at least; RabbitMQ counts only
+      // what no consumer holds yet, and a stopped serve holds what it was handed before it stopped.
+      const expected = before + lab.names.length * perNode;
+      await waitForAsync(async () => (await broker.queued()) >= expected, 60_000, 100);
+    });
+  } finally {
+    await asNodes.close();
+  }
+  return lab.names.length * (perNode + 1);
+}
+
+interface MeasuredDrain extends Drained {
+  cpuMs: number;
+  brokerCpuMs: number | null;
+}
+
+/** Times serve's drain of `total` more messages than the `from` it had handled, with its CPU and the broker's. */
+async function measureServeDrain(
+  serve: ServeProcess,
+  broker: BenchBroker,
+  metricsAddress: string,
+  total: number,
+  from: number,
+): Promise<MeasuredDrain> {
+  const cpuBefore = cpuSeconds(serve.pid);
+  const brokerBefore = brokerCpu(broker.pid);
+  const drained = await timeServeDrain(serve, metricsAddress, total, from);
+  return {
+    ...drained,
+    cpuMs: (cpuSeconds(serve.pid) - cpuBefore) * 1000,
+    brokerCpuMs: cpuMsSince(brokerBefore, brokerCpu(broker.pid)),
+  };
 }
 
 /**
- * Times serve's drain of a backlog of `total` by its /metrics: whole, and after its warm-up share, as the raw drain
- * is timed. It asks seldom while much is left and often near the end, so the asking costs serve little.
+ * Times serve's drain of a backlog of `total` by its /metrics, counting from the `from` messages it had handled
+ * before: whole, and after its warm-up share, as the raw drain is timed. It asks seldom while much is left and
+ * often near the end, so the asking costs serve little.
  */
-async function timeServeDrain(serve: ServeProcess, metricsAddress: string, total: number): Promise<Drained> {
+async function timeServeDrain(
+  serve: ServeProcess,
+  metricsAddress: string,
+  total: number,
+  from: number,
+): Promise<Drained> {
   const started = performance.now();
   const deadline = Date.now() + 600_000;
   let warm: { at: number; handled: number } | undefined;
   for (;;) {
-    const handled = await handledBy(metricsAddress).catch((error: unknown) => {
+    const handledInAll = await handledBy(metricsAddress).catch((error: unknown) => {
       const ended = serve.ended();
       throw ended === undefined ? error : new Error(`mesh serve ${ended}`);
     });
+    const handled = handledInAll - from;
     const at = performance.now();
     if (warm === undefined && handled >= total * warmUpShare) warm = { at, handled };
     if (handled >= total) {

@@ -46,13 +46,14 @@ export function startServe(
   url: string,
   profileDir?: string,
   metricsAddress?: string,
+  env: Record<string, string> = {},
 ): ServeProcess {
   const flags = profileDir === undefined ? [] : ["--cpu-prof", "--cpu-prof-dir", profileDir];
   const metrics = metricsAddress === undefined ? [] : ["--metrics", metricsAddress];
   const child = spawn(
     process.execPath,
     [...flags, `${root}bin/mesh.js`, "--data", data, "serve", "--broker", url, ...metrics],
-    { env: { ...process.env, MESH_HOME: "" }, stdio: ["ignore", "ignore", "pipe"] },
+    { env: { ...process.env, MESH_HOME: "", ...env }, stdio: ["ignore", "ignore", "pipe"] },
   );
   let err = "";
   const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
