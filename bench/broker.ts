@@ -84,16 +84,26 @@ async function openAll<T extends { close(): Promise<void> }>(
   try {
     for (let i = 0; i < count; i += together) {
       const indexes = Array.from({ length: Math.min(together, count - i) }, (_, k) => i + k);
-      const settled = await Promise.allSettled(indexes.map(open));
+      // Each open in a promise of its own: one that throws at once fails like one that rejects.
+      const settled = await Promise.allSettled(indexes.map((index) => Promise.resolve(index).then(open)));
       for (const one of settled) if (one.status === "fulfilled") opened.push(one.value);
       const failure = settled.find((one) => one.status === "rejected");
       if (failure !== undefined) throw failure.reason;
     }
   } catch (error) {
+    // The open's failure is what is thrown; a close failing after it would only hide it.
     await Promise.allSettled(opened.map((one) => one.close()));
     throw error;
   }
   return opened;
+}
+
+/** Closes every one of them, and then throws the first failure, if any. */
+async function closeAll(all: readonly { close(): Promise<void> }[]): Promise<void> {
+  const failure = (await Promise.allSettled(all.map((one) => one.close()))).find(
+    (one) => one.status === "rejected",
+  );
+  if (failure !== undefined) throw failure.reason;
 }
 
 /** The machine's RabbitMQ, as the tests take it (MESH_BENCH_RABBITMQ, MESH_BENCH_RABBITMQ_API). */
@@ -260,9 +270,7 @@ async function startNats(data: string, dir: string): Promise<BenchBroker> {
             for (const node of groups[i] ?? []) await send(node, connection.nodeBus(node));
           }
         },
-        close: async () => {
-          for (const connection of connections) await connection.close();
-        },
+        close: () => closeAll(connections),
       };
     },
     stop: () => server.stop(),
@@ -443,16 +451,13 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
         return openNodeSide(identity.broker.url, node, identity.broker.credential, undefined);
       });
       return {
-        // A hundred nodes at a time: each waits for the broker's confirm of every message, and ten at a time
-        // kept serve stopped longer than its connection's heartbeat allows (26 s for 1,000 nodes).
+        // A hundred nodes at a time, each waiting for the broker's confirm of every message it sends.
         send: async (send) => {
           for (let i = 0; i < buses.length; i += 100) {
             await Promise.all(buses.slice(i, i + 100).map((bus, k) => send(nodes[i + k] ?? "", bus)));
           }
         },
-        close: async () => {
-          await Promise.all(buses.map((bus) => bus.close()));
-        },
+        close: () => closeAll(buses),
       };
     },
     stop: async () => {
