@@ -146,15 +146,14 @@ export class Ingest {
       // batch is acknowledged without waiting for the broker to confirm its receipts. One batch's receipts may be
       // on their way while the next is handled, no more.
       await this.receiptsOnTheirWay;
+      const receipts = batch.receipts();
       this.receiptsOnTheirWay = Promise.all(
-        batch.receipts.map(({ node, receipt }) =>
-          this.context.bus.publishReceipt(node, encodeReceipt(receipt)),
-        ),
+        receipts.map(({ node, receipt }) => this.context.bus.publishReceipt(node, encodeReceipt(receipt))),
       ).then(
         () => undefined,
         (error: unknown) =>
           this.context.log.warn("receipt.not_sent", {
-            receipts: batch.receipts.length,
+            receipts: receipts.length,
             error: errorText(error),
             note: "their nodes send the reports again",
           }),
@@ -542,7 +541,13 @@ class Batch {
   readonly accounts: AccountRecord[] = [];
   readonly counters: Array<{ node: string; name: string; by: number }> = [];
   readonly events: MeshEvent[] = [];
-  readonly receipts: Array<{ node: string; receipt: Receipt }> = [];
+  /**
+   * Each node's receipts to send: for its newest report in the batch (by report_sequence), and for the last to
+   * arrive where that is another one (a node that joined again counts from 1). A node keeps only its newest report
+   * pending, so a receipt for any report it sent before that one would change nothing there: a node that reported
+   * many times while the control plane was away is sent one receipt, not one per report.
+   */
+  private readonly answers = new Map<string, { newest: Receipt; last: Receipt }>();
   /** When each node spoke (ms), taken into `last_seen` once the batch is written. */
   readonly seen = new Map<string, number>();
   /** What each node's latest alive says it holds. */
@@ -553,15 +558,32 @@ class Batch {
   /** Tells the node its report was taken, so it stops sending it. Reports without a report_sequence get none. */
   receipt(node: string, report: Report, verdict: "kept" | "refused", reason?: string): void {
     if (report.report_sequence === undefined) return;
-    this.receipts.push({
+    const receipt: Receipt = {
+      kind: "receipt",
       node,
-      receipt: {
-        kind: "receipt",
-        node,
-        report_sequence: report.report_sequence,
-        verdict,
-        ...(reason === undefined ? {} : { reason: boundText(reason) }),
-      },
-    });
+      report_sequence: report.report_sequence,
+      verdict,
+      ...(reason === undefined ? {} : { reason: boundText(reason) }),
+    };
+    const known = this.answers.get(node);
+    if (known === undefined) {
+      this.answers.set(node, { newest: receipt, last: receipt });
+      return;
+    }
+    known.last = receipt;
+    // The same report again is answered as it was judged last.
+    if (receipt.report_sequence >= known.newest.report_sequence) known.newest = receipt;
+  }
+
+  /** The receipts to send once the batch is written. */
+  receipts(): Array<{ node: string; receipt: Receipt }> {
+    return [...this.answers].flatMap(([node, { newest, last }]) =>
+      newest === last
+        ? [{ node, receipt: newest }]
+        : [
+            { node, receipt: newest },
+            { node, receipt: last },
+          ],
+    );
   }
 }

@@ -258,9 +258,11 @@ export const aliveSchema = z.object({
 
 /** Every message kind and its schema. */
 /**
- * The control plane's word that it has taken a report (kept it, or refused it for its order): the node keeps a
- * report pending, and sends it again, until this arrives. Broker-level acknowledgements are not used for node
- * messages, because the broker would send them to any reply subject the publisher names.
+ * The control plane's word that it has taken a report (kept it, or refused it for its order): the node keeps its
+ * newest report pending, and sends it again, until this arrives. Of the reports a node sent that are taken
+ * together, the newest is answered (and the last to arrive, should that be another): an answer to any older one
+ * would change nothing on the node. Broker-level acknowledgements are not used for node messages, because the
+ * broker would send them to any reply subject the publisher names.
  */
 export const receiptSchema = z.object({
   kind: z.literal("receipt"),
