@@ -555,7 +555,10 @@ class Batch {
 
   constructor(readonly at: Date) {}
 
-  /** Tells the node its report was taken, so it stops sending it. Reports without a report_sequence get none. */
+  /**
+   * Notes the answer to a report taken, which tells its node to stop sending it: sent once the batch is written,
+   * should it be the node's newest or last here (`receipts`). Reports without a report_sequence get none.
+   */
   receipt(node: string, report: Report, verdict: "kept" | "refused", reason?: string): void {
     if (report.report_sequence === undefined) return;
     const receipt: Receipt = {

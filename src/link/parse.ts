@@ -146,10 +146,10 @@ export function encodeMessage(message: Message): Uint8Array {
 }
 
 /**
- * The bytes of a receipt, as `encodeMessage` writes them. The control plane sends one for nearly every report it
- * takes, and a receipt without a reason is three fields the code itself filled: those are checked here, one by one,
- * and the text written in schema order. Anything else (a reason, a field out of its range) goes through the schema,
- * which refuses it as it would.
+ * The bytes of a receipt, as `encodeMessage` writes them. The control plane sends one for nearly every batch of a
+ * node's reports it takes, and a receipt without a reason is three fields the code itself filled: those are checked
+ * here, one by one, and the text written in schema order. Anything else (a reason, a field out of its range) goes
+ * through the schema, which refuses it as it would.
  */
 export function encodeReceipt(receipt: Receipt): Uint8Array {
   const { node, report_sequence: sequence, verdict } = receipt;

@@ -111,6 +111,25 @@ describe("agent — a pending report sent again", () => {
     assert.ok(alives >= 4, `an alive every interval (${alives})`);
   });
 
+  test("agent — only its newest report is pending: a receipt for an older one changes nothing", async () => {
+    // What the control plane relies on when it answers a batch with one receipt per node, for its newest report.
+    now = 900;
+    await agent.handle(declaration(1));
+    await agent.handle(declaration(2));
+    assert.deepEqual(reports, ["edge-1:1", "edge-1:2"]);
+    await agent["receive"](encodeMessage({ kind: "receipt", node, report_sequence: 1, verdict: "kept" }));
+    await aliveAt(2000);
+    assert.deepEqual(
+      reports,
+      ["edge-1:1", "edge-1:2", "edge-1:2"],
+      "the newest, and only it, is still pending",
+    );
+    await agent["receive"](encodeMessage({ kind: "receipt", node, report_sequence: 2, verdict: "kept" }));
+    await aliveAt(3000);
+    await aliveAt(4000);
+    assert.equal(reports.length, 3, "its receipt ends it");
+  });
+
   test("agent — a report the broker did not take goes again at the next alive", async () => {
     now = 900;
     refuse = true;

@@ -308,7 +308,7 @@ export class AmqpControlBus implements ControlBus {
   private async toNode(node: string, type: "declaration" | "receipt", body: Uint8Array): Promise<void> {
     await this.publisher.publish(defaultExchange, nodeQueue(node), body, {
       // A declaration outlives a broker restart. A receipt need not (as on NATS): a node sends its report again
-      // until a receipt comes, so a lost one costs a repeat, while a persistent one costs a disk write per report.
+      // until a receipt comes, so a lost one costs a repeat, while a persistent one costs a disk write each.
       persistent: type === "declaration",
       type,
       contentType: "application/json",
