@@ -4,6 +4,7 @@
  * made again. A refused login after a loss means the account was deleted (a retired node): the link then ends
  * for good instead of knocking forever.
  */
+import { Socket } from "node:net";
 import amqp, { IllegalOperationError } from "amqplib";
 import type { Channel, ChannelModel, ConfirmChannel, Options, RecoveringChannelModel } from "amqplib";
 import type { Logger } from "../../log.js";
@@ -166,10 +167,29 @@ export class AmqpLink {
   }
 
   private async setUp(connection: ChannelModel): Promise<void> {
-    // By index: work registered while a reconnection is being set up is still done on it.
-    for (let index = 0; index < this.setUps.length; index += 1) {
-      const setUp = this.setUps[index];
-      if (setUp !== undefined) await setUp(connection);
+    // amqplib's recovery listens to a new connection's errors only once this set-up is done, and an error event
+    // nobody listens to ends the process: a connection reset while it is being set up (a broker taking thousands of
+    // connections at once) would take the whole process down. Said here while setting up; the set-up then fails and
+    // the recovery connects again. Once set up, the recovery passes its errors on to the link (`watch`).
+    let settingUp = true;
+    connection.on("error", (error: Error) => {
+      if (settingUp) {
+        this.options.log?.warn("broker.connection_error", {
+          broker: this.where,
+          while: "setting up the connection",
+          error: errorText(error),
+        });
+      }
+    });
+    writeTogether(connection);
+    try {
+      // By index: work registered while a reconnection is being set up is still done on it.
+      for (let index = 0; index < this.setUps.length; index += 1) {
+        const setUp = this.setUps[index];
+        if (setUp !== undefined) await setUp(connection);
+      }
+    } finally {
+      settingUp = false;
     }
     this.current = connection;
   }
@@ -208,6 +228,31 @@ export class AmqpLink {
   private failure(error: unknown): BusError {
     return this.refusal ?? asAmqpError(error, this.where);
   }
+}
+
+/**
+ * amqplib hands its socket each frame apart — every publish, acknowledgement and heartbeat a write and a system call
+ * of its own. Corked for the rest of the turn, what one turn writes (a batch's acknowledgement and receipts, a chunk
+ * of declarations) goes out as one. amqplib 2.3 keeps the socket as its connection's `stream`; a model without one
+ * is left as it is.
+ */
+export function writeTogether(model: ChannelModel): void {
+  const socket = (model as unknown as { connection?: { stream?: unknown } }).connection?.stream;
+  if (!(socket instanceof Socket)) return;
+  const write = socket.write.bind(socket) as (...args: Parameters<Socket["write"]>) => boolean;
+  let corked = false;
+  const uncork = () => {
+    corked = false;
+    socket.uncork();
+  };
+  socket.write = ((...args: Parameters<Socket["write"]>): boolean => {
+    if (!corked) {
+      corked = true;
+      socket.cork();
+      process.nextTick(uncork);
+    }
+    return write(...args);
+  }) as Socket["write"];
 }
 
 /** AMQP reply codes (amqplib's `code` on a closed channel or connection) that refuse who we are or what we did. */
