@@ -159,9 +159,14 @@ export class Lab {
       }
     }
     const started: Promise<void>[] = [];
+    // A bounded number connect at a time: thousands of handshakes begun at once on this process's one thread
+    // outlast the broker's handshake timeout, and each retry adds to the crowd (9,800 nodes never got connected).
+    const starting = new Set<Promise<void>>();
     for (const node of joined) {
       const labNode = this.nodes.get(node);
       if (labNode === undefined) continue;
+      while (starting.size >= startsAtOnce) await Promise.race(starting);
+      if (this.stopping) break;
       const agent = new Agent({
         stateDir: labNode.stateDir,
         root: this.settings.root === undefined ? "/nonexistent" : joinPath(this.settings.root, node, "root"),
@@ -176,7 +181,12 @@ export class Lab {
       });
       labNode.agent = agent;
       let ready: () => void = () => undefined;
-      started.push(new Promise<void>((resolve) => (ready = resolve)));
+      const readied = new Promise<void>((resolve) => (ready = resolve));
+      started.push(readied);
+      const one: Promise<void> = readied.then(() => {
+        starting.delete(one);
+      });
+      starting.add(one);
       const run = agent.run(ready).then(
         () => {
           // A run that ended before it was ready (stopped as it began) must not leave start() waiting for it.
@@ -284,6 +294,9 @@ export class Lab {
     return this.whenStopped;
   }
 }
+
+/** How many of the lab's agents connect at once when it starts. */
+const startsAtOnce = 200;
 
 const openOwn: OpenNodeBus = (identity, seed): Promise<NodeBus> =>
   openNodeSide(identity.broker.url, identity.node, identity.broker.credential, seed);
