@@ -461,9 +461,8 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
       };
     },
     stop: async () => {
-      for (const user of await api.users()) {
-        if (user.startsWith(`${users.prefix}.`)) await api.deleteUser(user);
-      }
+      // In bulk: one call per user took minutes at 9,800 nodes.
+      await api.deleteUsers((await api.users()).filter((user) => user.startsWith(`${users.prefix}.`)));
       await api.deleteVhost(vhost);
       if (fdLimitRaised !== undefined) {
         process.stdout.write(`RabbitMQ: restarting it with its own ${fdLimitRaised.from} file descriptors\n`);
