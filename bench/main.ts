@@ -65,6 +65,9 @@ const drainLeaseTtl = "300s";
  */
 const warmStopAtMostMs = { nats: 20_000, amqp: 12_000 } as const;
 
+/** How long the broker may be waited for to come to rest before a drain. */
+const restAtMostMs = 5_000;
+
 /** What the fleet is declared in the fan-out rounds, as the control plane composes it. */
 const benchItems: DeclaredItem[] = [
   {
@@ -769,9 +772,6 @@ async function benchMesh(): Promise<void> {
 }
 
 /** The broker's CPU seconds so far, or null when it is not a process of this machine the bench knows. */
-/** How long the broker may be waited for to come to rest before a drain. */
-const restAtMostMs = 5_000;
-
 /**
  * Waits until the broker's CPU over a quarter of a second is under a tenth of a core, at most `restAtMostMs`, and
  * returns how long it waited: what the broker still does after a backlog was sent (writing it out, collecting) is
