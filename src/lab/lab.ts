@@ -174,7 +174,7 @@ export class Lab {
         log: this.settings.log,
         storage: labNode.storage,
         ...(this.settings.root === undefined ? { applier: new MemoryApplier() } : {}),
-        openBus: opens.get(node) ?? openOwn,
+        openBus: opens.get(node) ?? openOwn(this.settings.log),
         ...(this.settings.onEvent === undefined
           ? {}
           : { onEvent: (event: AgentEvent) => this.settings.onEvent?.(node, event) }),
@@ -298,8 +298,11 @@ export class Lab {
 /** How many of the lab's agents connect at once when it starts. */
 const startsAtOnce = 200;
 
-const openOwn: OpenNodeBus = (identity, seed): Promise<NodeBus> =>
-  openNodeSide(identity.broker.url, identity.node, identity.broker.credential, seed);
+/** A node's own connection, telling `log` when it is lost, comes back, or cannot be set up. */
+const openOwn =
+  (log: Logger): OpenNodeBus =>
+  (identity, seed): Promise<NodeBus> =>
+    openNodeSide(identity.broker.url, identity.node, identity.broker.credential, seed, log);
 
 /** Runs `work` over `items`, at most `limit` at a time, and returns the results in the items' order. */
 export async function mapLimit<T, R>(

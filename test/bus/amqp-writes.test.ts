@@ -8,9 +8,9 @@ import { Socket } from "node:net";
 import { after, before, describe, test } from "node:test";
 import amqp from "amqplib";
 import type { ChannelModel } from "amqplib";
-import { writeTogether } from "../../src/bus/amqp/link.js";
+import { AmqpLink, parseAmqpUrl, PublishChannel, writeTogether } from "../../src/bus/amqp/link.js";
 import type { ScratchVhost } from "../support/rabbit.js";
-import { scratchVhost } from "../support/rabbit.js";
+import { rabbitAdminUrl, scratchVhost } from "../support/rabbit.js";
 
 const published = 500;
 
@@ -56,7 +56,7 @@ async function publishInOneTurn(
   return { writes: counted, bodies };
 }
 
-describe("AMQP writes in one turn", () => {
+describe("AMQP writes — one turn's frames together", () => {
   let scratch: ScratchVhost;
   const models: ChannelModel[] = [];
   before(async () => {
@@ -83,5 +83,42 @@ describe("AMQP writes in one turn", () => {
     // Without it, each message is a write of its own (the count shows the difference can be seen at all).
     assert.ok(separate.writes >= published, `apart: ${separate.writes} writes for ${published} messages`);
     assert.ok(joined.writes <= 20, `together: ${joined.writes} writes for ${published} messages`);
+  });
+
+  test("the mesh's link writes so: a turn's confirmed publishes in a few writes", async () => {
+    const admin = new URL(rabbitAdminUrl);
+    const link = await AmqpLink.open({
+      address: parseAmqpUrl(scratch.url),
+      username: decodeURIComponent(admin.username),
+      password: decodeURIComponent(admin.password),
+      name: "mesh-test writes",
+      reconnect: false,
+    });
+    try {
+      let connection: ChannelModel | undefined;
+      await link.onEveryConnection((made) => {
+        connection = made;
+        return Promise.resolve();
+      });
+      assert.ok(connection !== undefined);
+      const channel = await link.channel();
+      await channel.assertQueue("writes.link", { durable: false });
+      const publisher = new PublishChannel(link);
+      // The confirm channel is opened first, so the count is the publishing's alone.
+      await publisher.publish("", "writes.link", Buffer.from("first"), {});
+      const writes = countWrites(connection);
+      await Promise.all(
+        Array.from({ length: published }, (_, i) =>
+          publisher.publish("", "writes.link", Buffer.from(`message ${i}`), {}),
+        ),
+      );
+      assert.equal((await channel.checkQueue("writes.link")).messageCount, published + 1);
+      assert.ok(writes.count() <= 20, `${writes.count()} writes for ${published} messages`);
+      await publisher.close();
+      await channel.deleteQueue("writes.link");
+      await channel.close();
+    } finally {
+      await link.close();
+    }
   });
 });

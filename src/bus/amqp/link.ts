@@ -196,7 +196,21 @@ export class AmqpLink {
 
   private watch(): void {
     const log = this.options.log;
+    /** Whether the attempts since the last connection have failed and that was said. */
+    let failing = false;
+    this.model.on("connect-failed", (error: Error) => {
+      // Tried again and again until it connects (a set-up that failed, a broker that closed the connection as it
+      // opened): said once for the run of failures, not at every attempt.
+      if (failing || this.closing) return;
+      failing = true;
+      log?.warn("broker.connect_failed", {
+        broker: this.where,
+        error: errorText(error),
+        note: "trying again until it connects",
+      });
+    });
     this.model.on("connect", () => {
+      failing = false;
       this.connections += 1;
       if (this.connections > 1) {
         log?.info("broker.reconnected", { broker: this.where });
