@@ -771,13 +771,12 @@ async function benchMesh(): Promise<void> {
   if (stopping !== "") throw new Error(stopping);
 }
 
-/** The broker's CPU seconds so far, or null when it is not a process of this machine the bench knows. */
 /**
- * Waits until the broker's CPU over a quarter of a second is under a tenth of a core, at most `restAtMostMs`, and
+ * Waits until the broker's CPU over a quarter of a second is under a tenth of a core, at most `atMostMs`, and
  * returns how long it waited: what the broker still does after a backlog was sent (writing it out, collecting) is
  * then not charged to whichever drain follows. Every drain, raw or serve's, starts so.
  */
-async function brokerAtRest(pid: number | undefined): Promise<number> {
+async function brokerAtRest(pid: number | undefined, atMostMs = restAtMostMs): Promise<number> {
   const startedAt = performance.now();
   if (pid === undefined) return 0;
   for (;;) {
@@ -785,10 +784,11 @@ async function brokerAtRest(pid: number | undefined): Promise<number> {
     await sleep(250);
     const used = cpuMsSince(before, brokerCpu(pid));
     const waited = performance.now() - startedAt;
-    if (used === null || used < 25 || waited >= restAtMostMs) return waited;
+    if (used === null || used < 25 || waited >= atMostMs) return waited;
   }
 }
 
+/** The broker's CPU seconds so far, or null when it is not a process of this machine the bench knows. */
 function brokerCpu(pid: number | undefined): number | null {
   return pid === undefined ? null : brokerCpuSeconds(pid);
 }
@@ -909,7 +909,9 @@ async function drainWarm(
     const stoppedAt = performance.now();
     try {
       await sending();
-      restedMs = await brokerAtRest(broker.pid);
+      // The wait is part of the stop: it leaves the stop's bound two seconds.
+      const left = warmStopAtMostMs[broker.kind] - (performance.now() - stoppedAt) - 2_000;
+      restedMs = await brokerAtRest(broker.pid, Math.max(0, Math.min(restAtMostMs, left)));
     } finally {
       process.kill(serve.pid, "SIGCONT");
       stoppedMs = performance.now() - stoppedAt;
