@@ -158,15 +158,12 @@ export class Lab {
         for (const node of group) opens.set(node, () => Promise.resolve(connection.nodeBus(node)));
       }
     }
-    const started: Promise<void>[] = [];
-    // A bounded number connect at a time: thousands of handshakes begun at once on this process's one thread
-    // outlast the broker's handshake timeout, and each retry adds to the crowd (9,800 nodes never got connected).
-    const starting = new Set<Promise<void>>();
-    for (const node of joined) {
+    // `startsAtOnce` agents connect at a time, each until it is ready: thousands of handshakes begun at once on this
+    // process's one thread outlast the broker's handshake timeout, and each retry adds to the crowd (9,800 nodes
+    // never got connected).
+    await mapLimit(joined, startsAtOnce, async (node) => {
       const labNode = this.nodes.get(node);
-      if (labNode === undefined) continue;
-      while (starting.size >= startsAtOnce) await Promise.race(starting);
-      if (this.stopping) break;
+      if (labNode === undefined || this.stopping) return;
       const agent = new Agent({
         stateDir: labNode.stateDir,
         root: this.settings.root === undefined ? "/nonexistent" : joinPath(this.settings.root, node, "root"),
@@ -182,11 +179,6 @@ export class Lab {
       labNode.agent = agent;
       let ready: () => void = () => undefined;
       const readied = new Promise<void>((resolve) => (ready = resolve));
-      started.push(readied);
-      const one: Promise<void> = readied.then(() => {
-        starting.delete(one);
-      });
-      starting.add(one);
       const run = agent.run(ready).then(
         () => {
           // A run that ended before it was ready (stopped as it began) must not leave start() waiting for it.
@@ -200,8 +192,8 @@ export class Lab {
         },
       );
       this.runs.push(run);
-    }
-    await Promise.all(started);
+      await readied;
+    });
   }
 
   /** How many broker connections the running nodes share (shared mode), once started. */

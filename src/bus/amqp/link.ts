@@ -69,6 +69,8 @@ export class AmqpLink {
   private current: ChannelModel | undefined;
   private connections = 0;
   private closing = false;
+  /** Whether the attempts since the last connection have failed, and that was said. */
+  private failing = false;
   /** Set when the broker refused the login: the reason the link ends. */
   private refusal: BrokerRefusedIdentity | undefined;
   private signalEnd: (error: Error | undefined) => void = () => undefined;
@@ -173,7 +175,9 @@ export class AmqpLink {
     // the recovery connects again. Once set up, the recovery passes its errors on to the link (`watch`).
     let settingUp = true;
     connection.on("error", (error: Error) => {
-      if (settingUp) {
+      // Said once for a run of attempts that fail, as `broker.connect_failed` is: a broker that resets every set-up
+      // does not fill the log with one line per attempt.
+      if (settingUp && !this.failing) {
         this.options.log?.warn("broker.connection_error", {
           broker: this.where,
           while: "setting up the connection",
@@ -196,13 +200,11 @@ export class AmqpLink {
 
   private watch(): void {
     const log = this.options.log;
-    /** Whether the attempts since the last connection have failed and that was said. */
-    let failing = false;
     this.model.on("connect-failed", (error: Error) => {
       // Tried again and again until it connects (a set-up that failed, a broker that closed the connection as it
       // opened): said once for the run of failures, not at every attempt.
-      if (failing || this.closing) return;
-      failing = true;
+      if (this.failing || this.closing) return;
+      this.failing = true;
       log?.warn("broker.connect_failed", {
         broker: this.where,
         error: errorText(error),
@@ -210,7 +212,7 @@ export class AmqpLink {
       });
     });
     this.model.on("connect", () => {
-      failing = false;
+      this.failing = false;
       this.connections += 1;
       if (this.connections > 1) {
         log?.info("broker.reconnected", { broker: this.where });
