@@ -55,9 +55,14 @@ export interface MeshOptions {
 export interface ControlPeriods {
   /** How often batched `last_seen` times are written. */
   flushEveryMs: number;
+  /**
+   * How often receipts go out at most: each node is sent one for its newest report of the batches between, well
+   * within the interval after which it sends a report again.
+   */
+  receiptsEveryMs: number;
   /** How often liveness is checked for crossings: a quarter of the threshold, between 250 ms and 5 s. */
   livenessEveryMs: number;
-  /** How long before a node that says it is behind its latest declaration is sent it again. */
+  /** How long after its latest declaration was issued (or last sent again) a node behind it is sent it again. */
   resendAfterMs: number;
   /** How often the store is looked at for a newly issued token that expires before the armed sweep. */
   tokenLookEveryMs: number;
@@ -213,6 +218,7 @@ export function compileMeshOptions(input: CompileInput): MeshOptions {
 export function controlPeriods(outOfTouchAfterMs: number): ControlPeriods {
   return {
     flushEveryMs: 1000,
+    receiptsEveryMs: 250,
     livenessEveryMs: Math.min(5000, Math.max(250, outOfTouchAfterMs / 4)),
     resendAfterMs: 5000,
     tokenLookEveryMs: 1000,

@@ -107,6 +107,7 @@ export class Duties {
       now,
       refusals,
       resendAfterMs: periods.resendAfterMs,
+      receiptsEveryMs: periods.receiptsEveryMs,
       storeFailed: (error, handedBack) => this.hearing.storeFailed(error, handedBack),
     });
     this.watch = new LivenessWatch(store, log, options.outOfTouchAfterMs, now, () => this.hearing.hears);
@@ -175,6 +176,7 @@ export class Duties {
 
   /** After the bus closed: what was batched is written (only when the duties ran: a standby has nothing). */
   async finish(): Promise<void> {
+    this.ingest.close();
     if (this.consuming !== undefined) await this.ingest.flush();
     // Work started while the stop was under way must not keep the process alive.
     this.periodic.stop();

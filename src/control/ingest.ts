@@ -21,7 +21,7 @@ import {
 import type { ReportAccount } from "../link/index.js";
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
-import type { AccountRecord, MeshEvent, NodeStanding, Store } from "../store/index.js";
+import type { AccountRecord, LatestOrder, MeshEvent, NodeStanding, Store } from "../store/index.js";
 import { digestKey, sequenceKey } from "../store/index.js";
 import { resendLatest } from "./declarations.js";
 import { RefusalLedger } from "./refusals.js";
@@ -40,7 +40,10 @@ export interface IngestContext {
   bus: ControlBus;
   log: Logger;
   now: () => Date;
-  /** How long to wait before sending a node that says it is behind its latest declaration again. */
+  /**
+   * How long after its latest declaration was issued, or last sent again, a node that says it holds an older one is
+   * sent it again.
+   */
   resendAfterMs: number;
   /**
    * How long a node's enrolled record and the order of its latest declaration are taken as read, instead of asking
@@ -55,6 +58,12 @@ export interface IngestContext {
    * once by the caller rather than once per batch. Default: every failure is logged here.
    */
   storeFailed?: (error: unknown, handedBack: number) => Promise<boolean>;
+  /**
+   * Receipts go out at most this often (default 0: each batch's once it is written). Those of the batches between
+   * wait, and each node is sent one for its newest report of them all: draining a backlog, nearly every batch holds
+   * a report of nearly every node, and a node keeps only its newest pending.
+   */
+  receiptsEveryMs?: number;
 }
 
 /** A value read from the store, and until when it is taken as still true. */
@@ -71,10 +80,7 @@ export class Ingest {
   /** When each node's last drift was told (an event at most once a minute per node). */
   private readonly driftToldAt = new Map<string, number>();
   private readonly enrolled = new Map<string, Remembered<NodeStanding>>();
-  private readonly latestOrder = new Map<
-    string,
-    Remembered<{ epoch: number; sequence: number } | undefined>
-  >();
+  private readonly latestOrder = new Map<string, Remembered<LatestOrder | undefined>>();
   /**
    * Each node's recovery copy as this control plane last read or kept it (none: the node never reported). Only
    * ingest writes accounts, and only the acting control plane ingests, so what it kept is what the store holds; a
@@ -84,8 +90,14 @@ export class Ingest {
   /** The declaration each node's reports last named, as the store holds it: a sent declaration never changes. */
   private readonly named = new Map<string, { sequence: number; epoch: number; digest: string }>();
 
-  /** The last batch's receipts, until the broker has them. */
+  /** The last receipts sent, until the broker has them. */
   private receiptsOnTheirWay: Promise<void> = Promise.resolve();
+  /** Receipts of batches written, not sent yet (`receiptsEveryMs`). */
+  private readonly unsent = new Answers();
+  /** When receipts were last sent (ms, by the context's clock). */
+  private receiptsSentAt = Number.NEGATIVE_INFINITY;
+  private receiptTimer: NodeJS.Timeout | undefined;
+  private closed = false;
 
   constructor(private readonly context: IngestContext) {
     this.refusals = context.refusals ?? new RefusalLedger(context.log);
@@ -142,22 +154,8 @@ export class Ingest {
         const known = this.seen.get(node);
         if (known === undefined || known < spokeAt) this.seen.set(node, spokeAt);
       }
-      // A node sends a report again until its receipt comes, and a report kept twice is taken quietly: so the
-      // batch is acknowledged without waiting for the broker to confirm its receipts. One batch's receipts may be
-      // on their way while the next is handled, no more.
-      await this.receiptsOnTheirWay;
-      const receipts = batch.receipts();
-      this.receiptsOnTheirWay = Promise.all(
-        receipts.map(({ node, receipt }) => this.context.bus.publishReceipt(node, encodeReceipt(receipt))),
-      ).then(
-        () => undefined,
-        (error: unknown) =>
-          this.context.log.warn("receipt.not_sent", {
-            receipts: receipts.length,
-            error: errorText(error),
-            note: "their nodes send the reports again",
-          }),
-      );
+      this.unsent.take(batch.answers);
+      await this.sendReceipts();
       await this.catchUp(batch.holds);
       return deliveries.map(() => "done");
     } catch (error) {
@@ -178,6 +176,65 @@ export class Ingest {
       this.context.log.error("ingest.store_check_failed", { error: errorText(checkError) });
       return false;
     });
+  }
+
+  /**
+   * Sends the receipts of the batches written, unless some went out less than `receiptsEveryMs` ago: then a timer
+   * sends them when that time is up. A node sends a report again until its receipt comes, and a report kept twice is
+   * taken quietly: so a batch is acknowledged without waiting for the broker to confirm its receipts. One sending may
+   * be on its way while the next batch is handled, no more.
+   */
+  private async sendReceipts(due = false): Promise<void> {
+    if (this.closed || this.unsent.size === 0) return;
+    const everyMs = this.context.receiptsEveryMs ?? 0;
+    const waitMs = this.receiptsSentAt + everyMs - this.context.now().getTime();
+    if (!due && waitMs > 0) {
+      // A clock set back waits no longer than the period.
+      this.receiptTimer ??= setTimeout(
+        () => {
+          this.receiptTimer = undefined;
+          this.sendReceipts(true).catch((error: unknown) =>
+            this.context.log.error("receipt.not_sent", { error: errorText(error) }),
+          );
+        },
+        Math.min(waitMs, everyMs),
+      );
+      return;
+    }
+    clearTimeout(this.receiptTimer);
+    this.receiptTimer = undefined;
+    await this.receiptsOnTheirWay;
+    const receipts = this.unsent.drain();
+    if (this.closed || receipts.length === 0) return;
+    this.receiptsSentAt = this.context.now().getTime();
+    this.receiptsOnTheirWay = Promise.all(
+      receipts.map(({ node, receipt }) => this.context.bus.publishReceipt(node, encodeReceipt(receipt))),
+    ).then(
+      () => undefined,
+      (error: unknown) =>
+        this.context.log.warn("receipt.not_sent", {
+          receipts: receipts.length,
+          error: errorText(error),
+          note: "their nodes send the reports again",
+        }),
+    );
+  }
+
+  /**
+   * Ends the sending of receipts (the bus is closing): those still waiting are not sent, and their nodes send
+   * their reports again to whichever control plane acts next, which takes them quietly.
+   */
+  close(): void {
+    this.closed = true;
+    clearTimeout(this.receiptTimer);
+    this.receiptTimer = undefined;
+    const dropped = this.unsent.drain().length;
+    if (dropped > 0) {
+      this.context.log.info("receipt.not_sent", {
+        receipts: dropped,
+        note: "their nodes send the reports again",
+      });
+    }
   }
 
   /** Decides every delivery of the batch, reading what it needs from the store in a few statements. */
@@ -304,17 +361,28 @@ export class Ingest {
   /** Sends their latest declaration again to nodes whose alive says they hold an older one. */
   private async catchUp(holds: ReadonlyMap<string, { epoch: number; sequence: number }>): Promise<void> {
     if (holds.size === 0) return;
-    const toRead = [...holds.keys()].filter((node) => this.remembered(this.latestOrder, node) === undefined);
+    const latestOf = new Map<string, LatestOrder | undefined>();
+    for (const node of holds.keys()) {
+      const known = this.remembered(this.latestOrder, node);
+      if (known !== undefined) latestOf.set(node, known.value);
+    }
+    const toRead = [...holds.keys()].filter((node) => !latestOf.has(node));
     if (toRead.length > 0) {
       const read = await this.context.store.declarations.latestOrders(toRead);
-      for (const node of toRead) this.remember(this.latestOrder, node, read.get(node));
+      for (const node of toRead) {
+        latestOf.set(node, read.get(node));
+        this.remember(this.latestOrder, node, read.get(node));
+      }
     }
     const now = this.context.now().getTime();
     for (const [node, held] of holds) {
-      const latest = this.remembered(this.latestOrder, node)?.value;
+      const latest = latestOf.get(node);
       if (latest === undefined) continue;
-      const behind = compareDeclarationOrder(held, latest) < 0;
-      if (!behind || now - (this.lastResend.get(node) ?? 0) < this.context.resendAfterMs) continue;
+      if (compareDeclarationOrder(held, latest) >= 0) continue;
+      // Counted from its sending too: a node busy with its queue says it holds the one before until it gets there,
+      // and sending it again then only lengthens that queue.
+      const sentAt = Math.max(this.lastResend.get(node) ?? 0, Date.parse(latest.issuedAt));
+      if (now - sentAt < this.context.resendAfterMs) continue;
       this.lastResend.set(node, now);
       await resendLatest(this.context.store, this.context.bus, node);
     }
@@ -541,13 +609,8 @@ class Batch {
   readonly accounts: AccountRecord[] = [];
   readonly counters: Array<{ node: string; name: string; by: number }> = [];
   readonly events: MeshEvent[] = [];
-  /**
-   * Each node's receipts to send: for its newest report in the batch (by report_sequence), and for the last to
-   * arrive where that is another one (a node that joined again counts from 1). A node keeps only its newest report
-   * pending, so a receipt for any report it sent before that one would change nothing there: a node that reported
-   * many times while the control plane was away is sent one receipt, not one per report.
-   */
-  private readonly answers = new Map<string, { newest: Receipt; last: Receipt }>();
+  /** Each node's receipts to send once the batch is written. */
+  readonly answers = new Answers();
   /** When each node spoke (ms), taken into `last_seen` once the batch is written. */
   readonly seen = new Map<string, number>();
   /** What each node's latest alive says it holds. */
@@ -557,20 +620,37 @@ class Batch {
 
   /**
    * Notes the answer to a report taken, which tells its node to stop sending it: sent once the batch is written,
-   * should it be the node's newest or last here (`receipts`). Reports without a report_sequence get none.
+   * should it be the node's newest or last (`Answers`). Reports without a report_sequence get none.
    */
   receipt(node: string, report: Report, verdict: "kept" | "refused", reason?: string): void {
     if (report.report_sequence === undefined) return;
-    const receipt: Receipt = {
+    this.answers.note({
       kind: "receipt",
       node,
       report_sequence: report.report_sequence,
       verdict,
       ...(reason === undefined ? {} : { reason: boundText(reason) }),
-    };
-    const known = this.answers.get(node);
+    });
+  }
+}
+
+/**
+ * Each node's receipts to send: for its newest report (by report_sequence), and for the last to arrive where that is
+ * another one (a node that joined again counts from 1). A node keeps only its newest report pending, so a receipt
+ * for any report it sent before that one would change nothing there: a node that reported many times while the
+ * control plane was away is sent one receipt, not one per report.
+ */
+class Answers {
+  private readonly byNode = new Map<string, { newest: Receipt; last: Receipt }>();
+
+  get size(): number {
+    return this.byNode.size;
+  }
+
+  note(receipt: Receipt): void {
+    const known = this.byNode.get(receipt.node);
     if (known === undefined) {
-      this.answers.set(node, { newest: receipt, last: receipt });
+      this.byNode.set(receipt.node, { newest: receipt, last: receipt });
       return;
     }
     known.last = receipt;
@@ -578,9 +658,18 @@ class Batch {
     if (receipt.report_sequence >= known.newest.report_sequence) known.newest = receipt;
   }
 
-  /** The receipts to send once the batch is written. */
-  receipts(): Array<{ node: string; receipt: Receipt }> {
-    return [...this.answers].flatMap(([node, { newest, last }]) =>
+  /** Takes in the answers of a later batch, as if its reports had arrived after these. */
+  take(later: Answers): void {
+    for (const { newest, last } of later.byNode.values()) {
+      this.note(newest);
+      // The last is never newer than the newest it differs from: noted second, it stays the last.
+      if (last !== newest) this.note(last);
+    }
+  }
+
+  /** The receipts to send, which are then no longer held here. */
+  drain(): Array<{ node: string; receipt: Receipt }> {
+    const receipts = [...this.byNode].flatMap(([node, { newest, last }]) =>
       newest === last
         ? [{ node, receipt: newest }]
         : [
@@ -588,5 +677,7 @@ class Batch {
             { node, receipt: last },
           ],
     );
+    this.byNode.clear();
+    return receipts;
   }
 }

@@ -208,13 +208,16 @@ export class DeclarationQueries {
     return found;
   }
 
-  /** The (epoch, sequence) of each of these nodes' latest declaration; nodes never declared to are absent. */
-  async latestOrders(nodes: readonly string[]): Promise<Map<string, { epoch: number; sequence: number }>> {
-    const orders = new Map<string, { epoch: number; sequence: number }>();
+  /**
+   * The (epoch, sequence) of each of these nodes' latest declaration, and when it was issued; nodes never declared
+   * to are absent.
+   */
+  async latestOrders(nodes: readonly string[]): Promise<Map<string, LatestOrder>> {
+    const orders = new Map<string, LatestOrder>();
     for (const slice of slices([...new Set(nodes)])) {
       const rows = await this.db
         .selectFrom("declarations as d")
-        .select(["d.node", "d.epoch", "d.sequence"])
+        .select(["d.node", "d.epoch", "d.sequence", "d.issued_at"])
         .where("d.node", "in", slice)
         .where("d.sequence", "=", (eb) =>
           eb
@@ -223,10 +226,19 @@ export class DeclarationQueries {
             .whereRef("newest.node", "=", "d.node"),
         )
         .execute();
-      for (const row of rows) orders.set(row.node, { epoch: row.epoch, sequence: row.sequence });
+      for (const row of rows) {
+        orders.set(row.node, { epoch: row.epoch, sequence: row.sequence, issuedAt: row.issued_at });
+      }
     }
     return orders;
   }
+}
+
+/** A node's latest declaration: its place in the node's order, and when it was issued. */
+export interface LatestOrder {
+  epoch: number;
+  sequence: number;
+  issuedAt: string;
 }
 
 /** The key `atSequences` answers under. */

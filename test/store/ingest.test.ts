@@ -280,5 +280,126 @@ for (const backend of storeBackends) {
       await Promise.all(checks);
       assert.equal((await store.accounts.recoveryCopy("co1"))?.reportSequence, 5);
     });
+
+    test("ingest — receipts go out at most once a period: each node's newest of the batches between, one receipt", async () => {
+      for (const node of ["rp1", "rp2", "rp3"]) await enrol(node, clock);
+      const sent: string[] = [];
+      const sentBus = new Proxy({} as ControlBus, {
+        get: (_, name) =>
+          name === "publishReceipt"
+            ? (node: string, body: Uint8Array) => {
+                const { report_sequence, verdict } = JSON.parse(new TextDecoder().decode(body)) as {
+                  report_sequence: number;
+                  verdict: string;
+                };
+                sent.push(`${node} ${report_sequence} ${verdict}`);
+                return Promise.resolve();
+              }
+            : () => Promise.reject(new Error(`ingest must not use the bus here (${String(name)})`)),
+      });
+      const said: string[] = [];
+      // A period far longer than the test: what is sent is decided by the clock given, never by a timer.
+      const periodic = new Ingest({
+        store,
+        bus: sentBus,
+        log: createLogger({ write: (line) => said.push(line), pretty: false }),
+        now: () => clock,
+        resendAfterMs: 1000,
+        receiptsEveryMs: 3_600_000,
+      });
+      const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
+      const batch = (...reports: Array<[string, number]>) =>
+        periodic.handleBatch(reports.map(([node, n]) => delivery("report", node, report(node, n))));
+      try {
+        // None sent before: the first batch is answered at once.
+        await batch(["rp1", 1], ["rp1", 2], ["rp2", 1]);
+        assert.deepEqual(sent.splice(0), ["rp1 2 kept", "rp2 1 kept"]);
+        later(1000);
+        await batch(["rp1", 3], ["rp2", 2]);
+        later(1000);
+        // rp1's last to arrive is older than its newest: refused, and answered beside the newest.
+        await batch(["rp1", 5], ["rp1", 4]);
+        assert.deepEqual(sent, [], "within the period nothing more is sent");
+        later(3_600_000);
+        await batch(["rp3", 1]);
+        assert.deepEqual(sent.splice(0).sort(), ["rp1 4 refused", "rp1 5 kept", "rp2 2 kept", "rp3 1 kept"]);
+        // Every account was kept as it came, whatever its receipt waited for.
+        assert.deepEqual(
+          (await store.accounts.history("rp1")).map((a) => a.reportSequence),
+          [5, 3, 2, 1],
+        );
+        later(1000);
+        await batch(["rp3", 2]);
+      } finally {
+        periodic.close();
+      }
+      // Closed with one waiting: it is not sent (the bus is closing), and the log says how many were not.
+      assert.deepEqual(sent, []);
+      assert.ok(
+        said.some((line) => line.includes('"event":"receipt.not_sent"') && line.includes('"receipts":1')),
+        said.join("\n"),
+      );
+    });
+
+    test("ingest — a node behind its latest declaration is sent it again only once it had time to take it", async () => {
+      await enrol("lag-1", clock);
+      const resent: string[] = [];
+      const resendBus = new Proxy({} as ControlBus, {
+        get: (_, name) =>
+          name === "publishDeclaration"
+            ? (node: string) => {
+                resent.push(node);
+                return Promise.resolve();
+              }
+            : () => Promise.reject(new Error(`ingest must not use the bus here (${String(name)})`)),
+      });
+      const catching = new Ingest({
+        store,
+        bus: resendBus,
+        log: createLogger({ level: "error" }),
+        now: () => clock,
+        resendAfterMs: 1000,
+        rememberForMs: 0,
+      });
+      await store.nodes.nextDeclarationSequences(["lag-1"]);
+      await store.declarations.recordMany([
+        {
+          node: "lag-1",
+          sequence: 1,
+          epoch: 1,
+          issuedAt: clock.toISOString(),
+          digest: emptyDigest,
+          envelope: "{}",
+          units: [],
+        },
+      ]);
+      const aliveHolding = (sequence: number) =>
+        delivery("alive", "lag-1", {
+          kind: "alive",
+          node: "lag-1",
+          sent_at: clock.toISOString(),
+          holds: { epoch: sequence === 0 ? 0 : 1, sequence },
+        });
+      const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
+      // Just sent, still on its way in the node's queue: the node says it holds none, and is not sent it again.
+      later(400);
+      await catching.handle(aliveHolding(0));
+      assert.deepEqual(resent, []);
+      // Still behind once the period has passed since it was issued: sent again, once.
+      later(700);
+      await catching.handle(aliveHolding(0));
+      assert.deepEqual(resent, ["lag-1"]);
+      // Then again only a period after that.
+      later(500);
+      await catching.handle(aliveHolding(0));
+      assert.deepEqual(resent, ["lag-1"]);
+      later(600);
+      await catching.handle(aliveHolding(0));
+      assert.deepEqual(resent, ["lag-1", "lag-1"]);
+      // Holding it: nothing more.
+      later(5000);
+      await catching.handle(aliveHolding(1));
+      assert.deepEqual(resent, ["lag-1", "lag-1"]);
+    });
   });
 }

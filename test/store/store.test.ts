@@ -384,8 +384,8 @@ for (const backend of storeBackends) {
       });
       const latest = await store.declarations.latestOrders(["order-a", "order-b", "order-none"]);
       assert.deepEqual(Object.fromEntries(latest), {
-        "order-a": { epoch: 3, sequence: 3 },
-        "order-b": { epoch: 2, sequence: 1 },
+        "order-a": { epoch: 3, sequence: 3, issuedAt: at(3) },
+        "order-b": { epoch: 2, sequence: 1, issuedAt: at(1) },
       });
       // What each was last sent, with the units it was composed from (none recorded: an empty list).
       await store.declarations.recordMany([

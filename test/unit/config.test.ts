@@ -46,6 +46,7 @@ test("config — defaults when nothing is set", () => {
     rabbitmqApi: undefined,
     periods: {
       flushEveryMs: 1000,
+      receiptsEveryMs: 250,
       livenessEveryMs: 5000,
       resendAfterMs: 5000,
       tokenLookEveryMs: 1000,
