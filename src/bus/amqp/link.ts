@@ -242,7 +242,16 @@ export class AmqpLink {
   }
 
   private failure(error: unknown): BusError {
-    return this.refusal ?? asAmqpError(error, this.where);
+    if (this.refusal !== undefined) return this.refusal;
+    // A link that is not tried again (a join) takes a close in answer to its opening as the refusal it is: a
+    // long-lived one keeps trying, as a broker still starting its vhosts answers so too.
+    if (!this.options.reconnect && error instanceof Error && closedAtOpen.test(error.message)) {
+      return new BrokerRefusedIdentity(
+        `the broker at ${this.where} refused this account the vhost (it closed the connection as it opened)`,
+        { cause: error },
+      );
+    }
+    return asAmqpError(error, this.where);
   }
 }
 
@@ -270,6 +279,13 @@ export function writeTogether(model: ChannelModel): void {
     return write(...args);
   }) as Socket["write"];
 }
+
+/**
+ * amqplib's words for a broker that answered connection.open by closing the connection, without the broker's reply
+ * code: RabbitMQ does so to an account that may not use the vhost (530 NOT_ALLOWED), such as a token's account whose
+ * permissions are gone a moment before the account itself.
+ */
+const closedAtOpen = /^Expected ConnectionOpenOk; got <ConnectionClose /;
 
 /** AMQP reply codes (amqplib's `code` on a closed channel or connection) that refuse who we are or what we did. */
 const refusedCodes: ReadonlySet<number> = new Set([
