@@ -44,7 +44,10 @@ describe("AMQP: an account the vhost refuses at open", () => {
       read: "^$",
       topic: { exchange: "mesh", write: "^$", read: "^$" },
     });
-    const bus = await AmqpEnrolmentBus.open(parseAmqpUrl(scratch.url), "open-refused", { username, password });
+    const bus = await AmqpEnrolmentBus.open(parseAmqpUrl(scratch.url), "open-refused", {
+      username,
+      password,
+    });
     await bus.close();
   });
 });
