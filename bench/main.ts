@@ -416,7 +416,8 @@ async function benchMesh(): Promise<void> {
       let startedAt = performance.now();
       await runMesh(data, ["declare", first, "-f", oneFile, "--json", ...declareTimeout]);
       const oneMs = performance.now() - startedAt;
-      await waitFor(() => converged.has(first), 60_000);
+      // A minute, and more for a larger fleet: its first node may be among the last to settle in after joining.
+      await waitFor(() => converged.has(first), 60_000 + nodes.length * 10);
       converged.delete(first);
       appliedNodes.delete(first);
       // The fleet is declared to several times (the machine is shared and noisy), each time something new; the
