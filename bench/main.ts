@@ -19,7 +19,7 @@ import { loadOrCreateSigningKey } from "../src/keys/index.js";
 import { Lab } from "../src/lab/lab.js";
 import { spread } from "../src/lab/figures.js";
 import type { DeclaredItem } from "../src/link/index.js";
-import { declarationEncoder, encodeMessage, itemsDigest } from "../src/link/index.js";
+import { declarationEncoder, emptyDigest, encodeMessage, itemsDigest } from "../src/link/index.js";
 import { createLogger } from "../src/log.js";
 import { openStore } from "../src/store/index.js";
 import type { BenchOptions } from "./args.js";
@@ -397,7 +397,8 @@ async function benchMesh(): Promise<void> {
     }
 
     const sent = new Map<string, SentDeclaration>();
-    if (has("fanout") || has("convergence") || has("ingest")) {
+    // The ingest part alone (`--only ingest`) sends no declaration first: its nodes hold nothing and report so.
+    if (has("fanout") || has("convergence")) {
       const files = [{ path: "/etc/bench", content: "declared by the benchmark\n" }];
       const declarationFile = join(dir, "bench-declaration.json");
       writeFileSync(declarationFile, JSON.stringify({ files }));
@@ -848,9 +849,9 @@ async function aroundBacklog<T>(
           epoch: held?.epoch ?? 0,
           sequence: held?.sequence ?? 0,
           report_sequence,
-          digest: held?.digest ?? "sha256:" + "0".repeat(64),
+          digest: held?.digest ?? emptyDigest,
           outcome: "applied",
-          items: [{ id: "file:/etc/bench", state: "applied" }],
+          items: held === undefined ? [] : [{ id: "file:/etc/bench", state: "applied" }],
           sent_at: at,
         });
         sends.push(bus.publishReport(body));

@@ -22,9 +22,9 @@ import { RevocationSync } from "./revocation-sync.js";
 import { TokenSweep } from "./token-sweep.js";
 
 /**
- * The longest a batch of what nodes sent waits for a roll-out under way: a roll-out of 10,000 nodes takes about a
- * second on NATS and a few on RabbitMQ, and a node's alive counts from when the broker received it, not when it is
- * read, so the wait moves no node towards out of touch.
+ * The longest what nodes send waits for a roll-out under way, in all (`PlanWatch.rollingOut`): a roll-out of 10,000
+ * nodes takes about a second on NATS and a few on RabbitMQ, and a node's alive counts from when the broker received
+ * it, not when it is read, so the wait moves no node towards out of touch.
  */
 const rolloutHoldsIngestMs = 5000;
 

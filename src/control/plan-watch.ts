@@ -48,6 +48,8 @@ export class PlanWatch {
   private readonly unconfirmed = new Set<string>();
   /** The sending of a roll-out under way, if any: what nodes send waits for it (`rollingOut`). */
   private rolling: Promise<unknown> | undefined;
+  /** Until when (monotonic ms) what nodes send waits for that sending: it is held once per roll-out, not per batch. */
+  private holdUntil: number | undefined;
 
   private readonly context: RolloutContext;
 
@@ -56,6 +58,7 @@ export class PlanWatch {
       ...settings.context,
       onSending: (sending) => {
         this.rolling = sending;
+        this.holdUntil = undefined;
         const ended = () => {
           if (this.rolling === sending) this.rolling = undefined;
         };
@@ -150,12 +153,17 @@ export class PlanWatch {
 
   /**
    * Settles when the roll-out under way has sent its declarations (at once when none is being sent), however that
-   * ends, or after `atMostMs`. Ingest waits on it: a roll-out and the reports it causes would otherwise share the
-   * thread chunk by chunk, and each node's report waits in its stream, unacknowledged, for a larger and cheaper
-   * batch. A roll-out that sends nothing (the look at a takeover, most often) holds nothing.
+   * ends, or once `atMostMs` have passed since the first wait on it. Ingest waits on it: a roll-out and the reports it
+   * causes would otherwise share the thread chunk by chunk, and each node's report waits in its stream,
+   * unacknowledged, for a larger and cheaper batch. A roll-out that sends nothing (the look at a takeover, most often)
+   * holds nothing, and one slower than `atMostMs` (a broker struggling) holds ingest that long in all, not that long
+   * for each batch: the nodes' messages would otherwise pile up unread behind it.
    */
   rollingOut(atMostMs: number): Promise<void> {
-    return this.rolling === undefined ? Promise.resolve() : settledWithin(this.rolling, atMostMs);
+    if (this.rolling === undefined) return Promise.resolve();
+    this.holdUntil ??= performance.now() + atMostMs;
+    const leftMs = this.holdUntil - performance.now();
+    return leftMs <= 0 ? Promise.resolve() : settledWithin(this.rolling, leftMs);
   }
 
   /**

@@ -132,6 +132,42 @@ describe("plan watch — a roll-out's sending", () => {
     }
   });
 
+  test("plan watch — a roll-out slower than the hold holds ingest that long in all, not that long for each batch", async () => {
+    let publishing: () => void = () => {};
+    const published = new Promise<void>((resolve) => (publishing = resolve));
+    let release: () => void = () => {};
+    const released = new Promise<void>((resolve) => (release = resolve));
+    // The real bus, whose publishing waits until the test lets it go: a broker too busy to confirm.
+    const bus = new Proxy(side.bus, {
+      get(target, property, receiver) {
+        if (property !== "publishDeclarations") return Reflect.get(target, property, receiver) as unknown;
+        return async (batch: Parameters<ControlBus["publishDeclarations"]>[0]) => {
+          publishing();
+          await released;
+          await target.publishDeclarations(batch);
+        };
+      },
+    });
+    const store = await fleetStore("slow");
+    const watch = watchOn(store, bus);
+    try {
+      watch.start();
+      await published;
+      // The first batch waits out the hold, the sending still under way.
+      await watch.rollingOut(50);
+      // The next ones are not held again by the same roll-out, however long the bound they give.
+      assert.equal(await settledBy(watch.rollingOut(600_000)), true, "a later batch was held again");
+      assert.equal(await settledBy(watch.rollingOut(600_000)), true, "a later batch was held again");
+      release();
+      await eventually("the plan to be marked sent", async () =>
+        (await store.plans.sent())?.revision === 1 ? true : undefined,
+      );
+    } finally {
+      release();
+      await watch.stop();
+    }
+  });
+
   test("plan watch — a roll-out whose sending failed part-way sends the recorded declarations again, before anything newer", async () => {
     const store = await fleetStore("failed-part-way");
     // The real bus; its first chunk's publishing fails as a lost connection would, after the chunk was recorded.
