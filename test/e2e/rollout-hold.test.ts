@@ -89,22 +89,7 @@ describe("plan watch — a roll-out's sending", () => {
 
   test("plan watch — a roll-out that sends holds ingest until its declarations are sent, and one that sends nothing holds nothing", async () => {
     // The real bus, whose publishing waits until the test lets it go.
-    let publishing: () => void = () => {};
-    const published = new Promise<void>((resolve) => (publishing = resolve));
-    let release: () => void = () => {};
-    const released = new Promise<void>((resolve) => (release = resolve));
-    let publishes = 0;
-    const bus = new Proxy(side.bus, {
-      get(target, property, receiver) {
-        if (property !== "publishDeclarations") return Reflect.get(target, property, receiver) as unknown;
-        return async (batch: Parameters<ControlBus["publishDeclarations"]>[0]) => {
-          publishes++;
-          publishing();
-          await released;
-          await target.publishDeclarations(batch);
-        };
-      },
-    });
+    const { bus, published, release, publishes } = heldPublishing(side.bus);
     const store = await fleetStore("held");
     const watch = watchOn(store, bus);
     try {
@@ -119,13 +104,13 @@ describe("plan watch — a roll-out's sending", () => {
       await eventually("every node to be sent its declaration", async () =>
         (await store.declarations.latestSent()).size === nodes.length ? true : undefined,
       );
-      const chunks = publishes;
+      const chunks = publishes();
       // The plan is unchanged: the next looks send nothing, and nothing holds ingest.
       await eventually("the plan to be marked sent", async () =>
         (await store.plans.sent())?.revision === 1 ? true : undefined,
       );
       assert.equal(await settledBy(watch.rollingOut(600_000)), true);
-      assert.equal(publishes, chunks, "an unchanged plan was sent again");
+      assert.equal(publishes(), chunks, "an unchanged plan was sent again");
     } finally {
       release();
       await watch.stop();
@@ -133,21 +118,8 @@ describe("plan watch — a roll-out's sending", () => {
   });
 
   test("plan watch — a roll-out slower than the hold holds ingest that long in all, not that long for each batch", async () => {
-    let publishing: () => void = () => {};
-    const published = new Promise<void>((resolve) => (publishing = resolve));
-    let release: () => void = () => {};
-    const released = new Promise<void>((resolve) => (release = resolve));
     // The real bus, whose publishing waits until the test lets it go: a broker too busy to confirm.
-    const bus = new Proxy(side.bus, {
-      get(target, property, receiver) {
-        if (property !== "publishDeclarations") return Reflect.get(target, property, receiver) as unknown;
-        return async (batch: Parameters<ControlBus["publishDeclarations"]>[0]) => {
-          publishing();
-          await released;
-          await target.publishDeclarations(batch);
-        };
-      },
-    });
+    const { bus, published, release } = heldPublishing(side.bus);
     const store = await fleetStore("slow");
     const watch = watchOn(store, bus);
     try {
@@ -226,6 +198,32 @@ describe("plan watch — a roll-out's sending", () => {
     }
   });
 });
+
+/** `bus` whose declarations are published only once the test releases them, counting its calls. */
+function heldPublishing(bus: ControlBus): {
+  bus: ControlBus;
+  published: Promise<void>;
+  release: () => void;
+  publishes: () => number;
+} {
+  let publishing: () => void = () => {};
+  const published = new Promise<void>((resolve) => (publishing = resolve));
+  let release: () => void = () => {};
+  const released = new Promise<void>((resolve) => (release = resolve));
+  let publishes = 0;
+  const held = new Proxy(bus, {
+    get(target, property, receiver) {
+      if (property !== "publishDeclarations") return Reflect.get(target, property, receiver) as unknown;
+      return async (batch: Parameters<ControlBus["publishDeclarations"]>[0]) => {
+        publishes++;
+        publishing();
+        await released;
+        await target.publishDeclarations(batch);
+      };
+    },
+  });
+  return { bus: held, published, release, publishes: () => publishes };
+}
 
 /** Whether `promise` has settled once everything already queued has run (a timer's turn of the event loop). */
 async function settledBy(promise: Promise<void>): Promise<boolean> {

@@ -14,14 +14,9 @@ import { enrolled, storeBackends } from "../support/stores.js";
 
 /** What ingest sends back: receipts only, in these cases; anything else it tried to send fails the test. */
 const receipts: Array<{ node: string; receipt: unknown }> = [];
-const receiptOnlyBus: ControlBus = new Proxy({} as ControlBus, {
-  get: (_, name) =>
-    name === "publishReceipt"
-      ? (node: string, body: Uint8Array) => {
-          receipts.push({ node, receipt: JSON.parse(new TextDecoder().decode(body)) });
-          return Promise.resolve();
-        }
-      : () => Promise.reject(new Error(`ingest must not use the bus here (${String(name)})`)),
+const receiptOnlyBus: ControlBus = busDoing("publishReceipt", (node: string, body: Uint8Array) => {
+  receipts.push({ node, receipt: JSON.parse(new TextDecoder().decode(body)) });
+  return Promise.resolve();
 });
 
 for (const backend of storeBackends) {
@@ -220,25 +215,20 @@ for (const backend of storeBackends) {
       // Each receipt checks, as it is sent, that the account it answers is already in the store.
       const checks: Array<Promise<void>> = [];
       const answeredHere: string[] = [];
-      const checkingBus = new Proxy({} as ControlBus, {
-        get: (_, name) =>
-          name === "publishReceipt"
-            ? (node: string, body: Uint8Array) => {
-                const { report_sequence } = JSON.parse(new TextDecoder().decode(body)) as {
-                  report_sequence: number;
-                };
-                answeredHere.push(`${node} ${report_sequence}`);
-                checks.push(
-                  store.accounts.history(node).then((kept) => {
-                    assert.ok(
-                      kept.some((a) => a.reportSequence === report_sequence),
-                      `receipt for ${node} ${report_sequence} before its account was stored`,
-                    );
-                  }),
-                );
-                return Promise.resolve();
-              }
-            : () => Promise.reject(new Error(`ingest must not use the bus here (${String(name)})`)),
+      const checkingBus = busDoing("publishReceipt", (node: string, body: Uint8Array) => {
+        const { report_sequence } = JSON.parse(new TextDecoder().decode(body)) as {
+          report_sequence: number;
+        };
+        answeredHere.push(`${node} ${report_sequence}`);
+        checks.push(
+          store.accounts.history(node).then((kept) => {
+            assert.ok(
+              kept.some((a) => a.reportSequence === report_sequence),
+              `receipt for ${node} ${report_sequence} before its account was stored`,
+            );
+          }),
+        );
+        return Promise.resolve();
       });
       const checked = new Ingest({
         store,
@@ -284,18 +274,13 @@ for (const backend of storeBackends) {
     test("ingest — receipts go out at most once a period: each node's newest of the batches between, one receipt", async () => {
       for (const node of ["rp1", "rp2", "rp3"]) await enrol(node, clock);
       const sent: string[] = [];
-      const sentBus = new Proxy({} as ControlBus, {
-        get: (_, name) =>
-          name === "publishReceipt"
-            ? (node: string, body: Uint8Array) => {
-                const { report_sequence, verdict } = JSON.parse(new TextDecoder().decode(body)) as {
-                  report_sequence: number;
-                  verdict: string;
-                };
-                sent.push(`${node} ${report_sequence} ${verdict}`);
-                return Promise.resolve();
-              }
-            : () => Promise.reject(new Error(`ingest must not use the bus here (${String(name)})`)),
+      const sentBus = busDoing("publishReceipt", (node: string, body: Uint8Array) => {
+        const { report_sequence, verdict } = JSON.parse(new TextDecoder().decode(body)) as {
+          report_sequence: number;
+          verdict: string;
+        };
+        sent.push(`${node} ${report_sequence} ${verdict}`);
+        return Promise.resolve();
       });
       const said: string[] = [];
       // A period far longer than the test: what is sent is decided by the clock given, never by a timer.
@@ -344,14 +329,9 @@ for (const backend of storeBackends) {
     test("ingest — a node behind its latest declaration is sent it again only once it had time to take it", async () => {
       await enrol("lag-1", clock);
       const resent: string[] = [];
-      const resendBus = new Proxy({} as ControlBus, {
-        get: (_, name) =>
-          name === "publishDeclaration"
-            ? (node: string) => {
-                resent.push(node);
-                return Promise.resolve();
-              }
-            : () => Promise.reject(new Error(`ingest must not use the bus here (${String(name)})`)),
+      const resendBus = busDoing("publishDeclaration", (node: string) => {
+        resent.push(node);
+        return Promise.resolve();
       });
       const catching = new Ingest({
         store,
@@ -401,5 +381,15 @@ for (const backend of storeBackends) {
       await catching.handle(aliveHolding(1));
       assert.deepEqual(resent, ["lag-1", "lag-1"]);
     });
+  });
+}
+
+/** A bus that does `method` as `does` says and nothing else: anything else asked of it fails the test. */
+function busDoing<M extends keyof ControlBus>(method: M, does: ControlBus[M]): ControlBus {
+  return new Proxy({} as ControlBus, {
+    get: (_, name) =>
+      name === method
+        ? does
+        : () => Promise.reject(new Error(`ingest must not use the bus here (${String(name)})`)),
   });
 }
