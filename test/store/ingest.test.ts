@@ -5,6 +5,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import type { ControlBus, ControlDelivery } from "../../src/bus/index.js";
+import type { IngestContext } from "../../src/control/ingest.js";
 import { Ingest } from "../../src/control/ingest.js";
 import { createLogger } from "../../src/log.js";
 import { emptyDigest, encodeMessage } from "../../src/link/index.js";
@@ -30,12 +31,8 @@ for (const backend of storeBackends) {
       receipts.length = 0;
       location = await backend.fresh();
       store = await openStore(location.url, { historyLimit: 10 });
-      ingest = new Ingest({
-        store,
-        bus: receiptOnlyBus,
+      ingest = ingestOn(receiptOnlyBus, {
         log: createLogger({ write: (line) => lines.push(line), pretty: false }),
-        now: () => clock,
-        resendAfterMs: 1000,
       });
     });
     after(async () => {
@@ -43,6 +40,16 @@ for (const backend of storeBackends) {
       await location.cleanup();
     });
 
+    /** Ingest on this store and the test's clock, sending on `bus`, with what a test sets besides. */
+    const ingestOn = (bus: ControlBus, settings: Partial<IngestContext> = {}) =>
+      new Ingest({
+        store,
+        bus,
+        log: createLogger({ level: "error" }),
+        now: () => clock,
+        resendAfterMs: 1000,
+        ...settings,
+      });
     const enrol = (node: string, at: Date) => enrolled(store, node, at);
     const delivery = (
       kind: "report" | "alive",
@@ -230,13 +237,7 @@ for (const backend of storeBackends) {
         );
         return Promise.resolve();
       });
-      const checked = new Ingest({
-        store,
-        bus: checkingBus,
-        log: createLogger({ level: "error" }),
-        now: () => clock,
-        resendAfterMs: 1000,
-      });
+      const checked = ingestOn(checkingBus);
       const batch = [1, 2, 3].flatMap((n) => [
         delivery("report", "co1", report("co1", n)),
         delivery("report", "co2", report("co2", n)),
@@ -251,12 +252,9 @@ for (const backend of storeBackends) {
       const elsewhere = await backend.fresh();
       const broken = await openStore(elsewhere.url, { historyLimit: 10 });
       await broken.close();
-      const failing = new Ingest({
+      const failing = ingestOn(checkingBus, {
         store: broken,
-        bus: checkingBus,
         log: createLogger({ write: (line) => lines.push(line), pretty: false }),
-        now: () => clock,
-        resendAfterMs: 1000,
       });
       const later = [4, 5].map((n) => delivery("report", "co1", report("co1", n)));
       assert.deepEqual(await failing.handleBatch(later), ["retry", "retry"]);
@@ -284,12 +282,8 @@ for (const backend of storeBackends) {
       });
       const said: string[] = [];
       // A period far longer than the test: what is sent is decided by the clock given, never by a timer.
-      const periodic = new Ingest({
-        store,
-        bus: sentBus,
+      const periodic = ingestOn(sentBus, {
         log: createLogger({ write: (line) => said.push(line), pretty: false }),
-        now: () => clock,
-        resendAfterMs: 1000,
         receiptsEveryMs: 3_600_000,
       });
       const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
@@ -333,14 +327,7 @@ for (const backend of storeBackends) {
         resent.push(node);
         return Promise.resolve();
       });
-      const catching = new Ingest({
-        store,
-        bus: resendBus,
-        log: createLogger({ level: "error" }),
-        now: () => clock,
-        resendAfterMs: 1000,
-        rememberForMs: 0,
-      });
+      const catching = ingestOn(resendBus, { rememberForMs: 0 });
       await store.nodes.nextDeclarationSequences(["lag-1"]);
       await store.declarations.recordMany([
         {
