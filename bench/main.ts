@@ -651,13 +651,17 @@ async function benchMesh(): Promise<void> {
       await serve.serving;
       // First as a serve just started meets a backlog (a restart, a takeover): its code and caches cold, where the
       // raw consumer's client has run the lab in this process.
-      const fresh = await measureServeDrain(serve, broker, metricsAddress, pending, 0);
+      const fresh = await measureServeDrain(serve, broker, metricsAddress, pending, {
+        handled: 0,
+        receipts: 0,
+      });
       // Then as a serve that has been running meets one, as the raw consumer's warm client did.
       const warm = await drainWarm(serve, broker, lab, sent, R, metricsAddress);
       const rate = (drained: { messages: number; ms: number }) => drained.messages / (drained.ms / 1000);
       const told = (what: string, drained: MeasuredDrain) =>
         `${what} ${drained.messages} in ${drained.ms.toFixed(0)} ms (${drained.cpuMs.toFixed(0)} ms of CPU, ` +
-        `the broker's ${drained.brokerCpuMs?.toFixed(0) ?? "?"}), steady ${rate(drained.steady).toFixed(0)} msg/s`;
+        `the broker's ${drained.brokerCpuMs?.toFixed(0) ?? "?"}; ${drained.receipts} receipts sent), steady ` +
+        `${rate(drained.steady).toFixed(0)} msg/s`;
       say(
         `ingest: ${"drained" in warm ? told("serve running", warm.drained) : `no warm drain (${warm.unusable})`}; ` +
           `${told("serve just started", fresh)}; raw ${raw.messages} in ${raw.ms.toFixed(0)} ms, steady ` +
@@ -674,6 +678,7 @@ async function benchMesh(): Promise<void> {
         serve_cpu_ms: fresh.cpuMs,
         serve_steady: fresh.steady,
         broker_cpu_ms_serve: fresh.brokerCpuMs,
+        serve_receipts: fresh.receipts,
         warm:
           "drained" in warm
             ? {
@@ -682,6 +687,7 @@ async function benchMesh(): Promise<void> {
                 serve_cpu_ms: warm.drained.cpuMs,
                 serve_steady: warm.drained.steady,
                 broker_cpu_ms_serve: warm.drained.brokerCpuMs,
+                serve_receipts: warm.drained.receipts,
                 serve_stopped_ms: warm.stoppedMs,
               }
             : { unusable: warm.unusable, serve_stopped_ms: warm.stoppedMs ?? null },
@@ -902,6 +908,7 @@ async function drainWarm(
   // Whatever the drain before left (an alive that landed late) is handled before the count is read.
   await waitForAsync(async () => (await broker.queued()) === 0, 60_000, 100);
   const handledBefore = await handledBy(metricsAddress);
+  const receiptsBefore = await counterOf(metricsAddress, "mesh_receipts_sent_total");
   // Every message sent is one serve handles: the backlog holds nothing else, and alives keep one per node.
   const backlog = lab.names.length * (perNode + 1);
   let stoppedMs = 0;
@@ -918,7 +925,10 @@ async function drainWarm(
       process.kill(serve.pid, "SIGCONT");
       stoppedMs = performance.now() - stoppedAt;
     }
-    return measureServeDrain(serve, broker, metricsAddress, backlog, handledBefore);
+    return measureServeDrain(serve, broker, metricsAddress, backlog, {
+      handled: handledBefore,
+      receipts: receiptsBefore,
+    });
   });
   await waitForAsync(async () => (await broker.queued()) === 0, 60_000, 100);
   const handled = (await handledBy(metricsAddress)) - handledBefore;
@@ -942,24 +952,28 @@ async function drainWarm(
 interface MeasuredDrain extends Drained {
   cpuMs: number;
   brokerCpuMs: number | null;
+  /** Receipts serve sent from the drain's start until every message was handled. */
+  receipts: number;
 }
 
-/** Times serve's drain of `total` more messages than the `from` it had handled, with its CPU and the broker's. */
+/**
+ * Times serve's drain of `total` more messages than the `from` it had handled, with its CPU and the broker's, and
+ * the receipts it sent meanwhile (beyond the `receiptsFrom` it had sent, read before the backlog was let go).
+ */
 async function measureServeDrain(
   serve: ServeProcess,
   broker: BenchBroker,
   metricsAddress: string,
   total: number,
-  from: number,
+  from: { handled: number; receipts: number },
 ): Promise<MeasuredDrain> {
   const cpuBefore = cpuSeconds(serve.pid);
   const brokerBefore = brokerCpu(broker.pid);
-  const drained = await timeServeDrain(serve, metricsAddress, total, from);
-  return {
-    ...drained,
-    cpuMs: (cpuSeconds(serve.pid) - cpuBefore) * 1000,
-    brokerCpuMs: cpuMsSince(brokerBefore, brokerCpu(broker.pid)),
-  };
+  const drained = await timeServeDrain(serve, metricsAddress, total, from.handled);
+  const cpuMs = (cpuSeconds(serve.pid) - cpuBefore) * 1000;
+  const brokerCpuMs = cpuMsSince(brokerBefore, brokerCpu(broker.pid));
+  const receipts = (await counterOf(metricsAddress, "mesh_receipts_sent_total")) - from.receipts;
+  return { ...drained, cpuMs, brokerCpuMs, receipts };
 }
 
 /**
@@ -1003,9 +1017,14 @@ async function timeServeDrain(
 
 /** How many control messages serve has handled so far, from its /metrics. */
 async function handledBy(metricsAddress: string): Promise<number> {
+  return counterOf(metricsAddress, "mesh_control_messages_total");
+}
+
+/** A counter of serve's /metrics. */
+async function counterOf(metricsAddress: string, name: string): Promise<number> {
   const text = await (await fetch(`http://${metricsAddress}/metrics`)).text();
-  const match = /^mesh_control_messages_total (\d+)$/m.exec(text);
-  if (match === null) throw new Error("serve's /metrics has no mesh_control_messages_total");
+  const match = new RegExp(`^${name} (\\d+)$`, "m").exec(text);
+  if (match === null) throw new Error(`serve's /metrics has no ${name}`);
   return Number(match[1]);
 }
 

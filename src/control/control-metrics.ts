@@ -23,6 +23,8 @@ export class ControlMetrics {
   readonly handled: (by?: number) => void;
   /** Messages handed back to the broker because the gate was closed. */
   readonly handedBack: (by?: number) => void;
+  /** Receipts sent to nodes for their reports. */
+  readonly receiptsSent: (by?: number) => void;
 
   constructor(lease: LeaseReading) {
     const { metrics } = this;
@@ -46,6 +48,10 @@ export class ControlMetrics {
     this.handedBack = metrics.counter(
       "mesh_control_messages_handed_back_total",
       "messages handed back to the broker because the gate was closed",
+    );
+    this.receiptsSent = metrics.counter(
+      "mesh_receipts_sent_total",
+      "receipts this control plane has sent to nodes for their reports (one for each node's newest of a period)",
     );
   }
 

@@ -40,7 +40,7 @@ export interface DutiesSettings {
   gate: () => boolean;
   /** The epoch it acts under (none while it acts without one: then nothing is signed). */
   epoch: () => number | undefined;
-  metrics: Pick<ControlMetrics, "handled" | "handedBack">;
+  metrics: Pick<ControlMetrics, "handled" | "handedBack" | "receiptsSent">;
 }
 
 export class Duties {
@@ -108,6 +108,7 @@ export class Duties {
       refusals,
       resendAfterMs: periods.resendAfterMs,
       receiptsEveryMs: periods.receiptsEveryMs,
+      receiptsSent: (count) => settings.metrics.receiptsSent(count),
       storeFailed: (error, handedBack) => this.hearing.storeFailed(error, handedBack),
     });
     this.watch = new LivenessWatch(store, log, options.outOfTouchAfterMs, now, () => this.hearing.hears);

@@ -64,6 +64,8 @@ export interface IngestContext {
    * a report of nearly every node, and a node keeps only its newest pending.
    */
   receiptsEveryMs?: number;
+  /** Told how many receipts each sending holds, as it goes (the control plane's metrics). */
+  receiptsSent?: (count: number) => void;
 }
 
 /** A value read from the store, and until when it is taken as still true. */
@@ -207,6 +209,7 @@ export class Ingest {
     const receipts = this.unsent.drain();
     if (this.closed || receipts.length === 0) return;
     this.receiptsSentAt = this.context.now().getTime();
+    this.context.receiptsSent?.(receipts.length);
     this.receiptsOnTheirWay = Promise.all(
       receipts.map(({ node, receipt }) => this.context.bus.publishReceipt(node, encodeReceipt(receipt))),
     ).then(

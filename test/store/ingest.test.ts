@@ -282,9 +282,11 @@ for (const backend of storeBackends) {
       });
       const said: string[] = [];
       // A period far longer than the test: what is sent is decided by the clock given, never by a timer.
+      let counted = 0;
       const periodic = ingestOn(sentBus, {
         log: createLogger({ write: (line) => said.push(line), pretty: false }),
         receiptsEveryMs: 3_600_000,
+        receiptsSent: (count) => (counted += count),
       });
       const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
       const batch = (...reports: Array<[string, number]>) =>
@@ -302,6 +304,7 @@ for (const backend of storeBackends) {
         later(3_600_000);
         await batch(["rp3", 1]);
         assert.deepEqual(sent.splice(0).sort(), ["rp1 4 refused", "rp1 5 kept", "rp2 2 kept", "rp3 1 kept"]);
+        assert.equal(counted, 6, "the metric counts each receipt sent");
         // Every account was kept as it came, whatever its receipt waited for.
         assert.deepEqual(
           (await store.accounts.history("rp1")).map((a) => a.reportSequence),

@@ -15,12 +15,14 @@ test("control metrics — lease gauges read when scraped, counters rise", () => 
   });
   metrics.handled(3);
   metrics.handedBack();
+  metrics.receiptsSent(2);
   let text = metrics.metrics.text();
   assert.match(text, /^mesh_lease_held 1$/m);
   assert.match(text, /^mesh_lease_epoch 7$/m);
   assert.match(text, /^mesh_lease_no_epoch 0$/m);
   assert.match(text, /^mesh_control_messages_total 3$/m);
   assert.match(text, /^mesh_control_messages_handed_back_total 1$/m);
+  assert.match(text, /^mesh_receipts_sent_total 2$/m);
   [held, epoch, withoutEpoch] = [false, undefined, true];
   text = metrics.metrics.text();
   assert.match(text, /^mesh_lease_held 0$/m);
