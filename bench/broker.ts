@@ -50,9 +50,12 @@ export interface BenchBroker {
    * and a queue, made through its management API), all of the broker's work for join number `index`, with the
    * client libraries alone: the token's identity connects and leaves, the account and queue are made as the
    * control plane makes them, and the new account connects, reads its queue and leaves. `clear` deletes what the
-   * first `count` made, so the mesh is measured on a broker holding only its own.
+   * joins of these numbers made, so the mesh is measured on a broker holding only its own.
    */
-  joinAlone?: { one(token: string, index: number): Promise<void>; clear(count: number): Promise<void> };
+  joinAlone?: {
+    one(token: string, index: number): Promise<void>;
+    clear(indexes: readonly number[]): Promise<void>;
+  };
   /** Publishes `count` copies of `body` with the client library alone, as the control plane; returns the ms. */
   publishRaw(count: number, body: Uint8Array): Promise<number>;
   /** Messages waiting in the control queue (read while no control plane consumes it). */
@@ -386,8 +389,7 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
           });
         }
       },
-      clear: async (count) => {
-        const indexes = Array.from({ length: count }, (_, index) => index);
+      clear: async (indexes) => {
         await api.deleteUsers(indexes.map((index) => `${users.prefix}.alone.${index}`));
         for (const index of indexes) await api.deleteQueue(vhost, `alone.${index}`);
       },

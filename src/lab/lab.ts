@@ -114,7 +114,10 @@ export class Lab {
     return tokens;
   }
 
-  /** Every node joins with its own token, `joinConcurrency` at a time; each join is timed. */
+  /**
+   * Every node given joins with its own token, `joinConcurrency` at a time; each join is timed. Called again with
+   * other nodes, those join too: `start` starts every node that joined.
+   */
   async join(tokens: ReadonlyMap<string, string>): Promise<JoinOutcome[]> {
     const outcomes = await mapLimit([...tokens], this.settings.joinConcurrency, async ([node, token]) => {
       const labNode = this.nodes.get(node);
@@ -134,7 +137,7 @@ export class Lab {
         return { node, ms: performance.now() - started, error: errorText(error) };
       }
     });
-    this.joins = outcomes;
+    this.joins.push(...outcomes);
     return outcomes;
   }
 
