@@ -24,6 +24,8 @@ export interface BenchOptions {
   reportsPerNode: number;
   /** How many times the fleet is declared to, in the fan-out and convergence parts. */
   rounds: number;
+  /** How many times the ingest part's backlog is drained by each side (the medians are compared). */
+  ingestTrials: number;
   /** How many join at once in the enrolment part (default: all of them). */
   joinConcurrency: number;
   failover: { trials: number; ttl: string; renew: string; margin: string; shortened: boolean };
@@ -51,6 +53,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
         "reports-per-node": { type: "string", default: "19" },
         "join-concurrency": { type: "string" },
         rounds: { type: "string", default: "3" },
+        "ingest-trials": { type: "string", default: "3" },
         trials: { type: "string" },
         ttl: { type: "string" },
         renew: { type: "string" },
@@ -92,6 +95,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     aliveEveryMs: whole(values["alive-every"], "--alive-every (seconds)", 1, 3600) * 1000,
     reportsPerNode: whole(values["reports-per-node"], "--reports-per-node", 1, 1000),
     rounds: whole(values.rounds, "--rounds", 1, 100),
+    ingestTrials: whole(values["ingest-trials"], "--ingest-trials", 1, 20),
     // Pure-JS nkey signing makes a thousand simultaneous connects outlast the server's authentication timeout.
     joinConcurrency: whole(
       values["join-concurrency"] ?? String(Math.min(nodes, 20)),
