@@ -708,23 +708,10 @@ async function benchMesh(): Promise<void> {
               .join(", ")} ms`,
         );
         trials.push({
-          backlog: pending,
-          serve_ms: fresh.ms,
-          serve_cpu_ms: fresh.cpuMs,
-          serve_steady: fresh.steady,
-          broker_cpu_ms_serve: fresh.brokerCpuMs,
-          serve_receipts: fresh.receipts,
+          ...serveDrainRecord(pending, fresh),
           warm:
             "drained" in warm
-              ? {
-                  backlog: warm.backlog,
-                  serve_ms: warm.drained.ms,
-                  serve_cpu_ms: warm.drained.cpuMs,
-                  serve_steady: warm.drained.steady,
-                  broker_cpu_ms_serve: warm.drained.brokerCpuMs,
-                  serve_receipts: warm.drained.receipts,
-                  serve_stopped_ms: warm.stoppedMs,
-                }
+              ? { ...serveDrainRecord(warm.backlog, warm.drained), serve_stopped_ms: warm.stoppedMs }
               : { unusable: warm.unusable, serve_stopped_ms: warm.stoppedMs ?? null },
           raw_messages: raw.messages,
           raw_ms: raw.ms,
@@ -735,9 +722,12 @@ async function benchMesh(): Promise<void> {
         });
       }
       const median = (values: readonly number[]): number => {
-        const middle = percentile(values, 50);
-        if (middle === undefined) throw new Error("the ingest part has no drain to take the median of");
-        return middle;
+        // The middle one, or of an even count the mean of the two in the middle.
+        const low = percentile(values, 50);
+        const high = percentile(values, 50 + 50 / values.length);
+        if (low === undefined || high === undefined)
+          throw new Error("the ingest part has no drain to take the median of");
+        return values.length % 2 === 1 ? low : (low + high) / 2;
       };
       const warmDrains = trials.flatMap((trial) => ("serve_ms" in trial.warm ? [trial.warm] : []));
       const rates = {
@@ -1020,25 +1010,31 @@ function drainRate(drained: { messages: number; ms: number }): number {
   return drained.messages / (drained.ms / 1000);
 }
 
-/** One turn of the ingest part: the raw consumer's drain, then serve's just started, then serve's running. */
-interface IngestTrial {
+/** A drain by serve, as the JSON keeps it. */
+interface ServeDrainRecord {
   backlog: number;
   serve_ms: number;
   serve_cpu_ms: number;
   serve_steady: { messages: number; ms: number };
   broker_cpu_ms_serve: number | null;
   serve_receipts: number;
+}
+
+function serveDrainRecord(backlog: number, drained: MeasuredDrain): ServeDrainRecord {
+  return {
+    backlog,
+    serve_ms: drained.ms,
+    serve_cpu_ms: drained.cpuMs,
+    serve_steady: drained.steady,
+    broker_cpu_ms_serve: drained.brokerCpuMs,
+    serve_receipts: drained.receipts,
+  };
+}
+
+/** One turn of the ingest part: the raw consumer's drain, then serve's just started, then serve's running. */
+interface IngestTrial extends ServeDrainRecord {
   warm:
-    | {
-        backlog: number;
-        serve_ms: number;
-        serve_cpu_ms: number;
-        serve_steady: { messages: number; ms: number };
-        broker_cpu_ms_serve: number | null;
-        serve_receipts: number;
-        serve_stopped_ms: number;
-      }
-    | { unusable: string; serve_stopped_ms: number | null };
+    (ServeDrainRecord & { serve_stopped_ms: number }) | { unusable: string; serve_stopped_ms: number | null };
   raw_messages: number;
   raw_ms: number;
   raw_steady: { messages: number; ms: number };
