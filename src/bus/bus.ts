@@ -18,6 +18,11 @@ export interface ControlDelivery {
   /** When the broker received it: liveness is about when a node spoke, not when we got round to reading it. */
   receivedAt: Date;
   /**
+   * The broker identity that published it, where the broker vouches for it (RabbitMQ checks a message's user_id
+   * against its connection's account). Where it does not (NATS), `receivedAt` is the broker's own time instead.
+   */
+  identity?: string;
+  /**
    * Set when the broker routed the message in a way its permissions did not check (RabbitMQ: `CC` headers add
    * routing keys past the topic permissions), saying so; the handler refuses it.
    */

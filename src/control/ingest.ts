@@ -265,6 +265,12 @@ export class Ingest {
         );
         continue;
       }
+      const before = fromMachineBefore(delivery, record);
+      if (before !== undefined) {
+        // No receipt: the machine that sent it is gone, and its report numbers are not the new machine's.
+        this.refuse(batch, node, delivery.kind, before, `${delivery.kind}_from_before_enrolment`);
+        continue;
+      }
       // Never in the future, whatever the clocks say (and the batch's time for a time that is no time at all).
       const received = delivery.receivedAt.getTime();
       const spokeAt = Number.isFinite(received) ? Math.min(received, batch.at.getTime()) : batch.at.getTime();
@@ -562,6 +568,27 @@ export class Ingest {
     const event = this.refusals.note({ node, kind, reason, detail: { counter } }, batch.at);
     if (event !== undefined) batch.events.push(event);
   }
+}
+
+/**
+ * Why a message comes from the machine this node was before its latest enrolment (a machine rebuilt and joined
+ * again; its last messages waited in the queue), or undefined when it comes from the current one. Taken as the new
+ * machine's, an old report would set the node's report order, and the new machine's reports, counted from 1
+ * again, would be refused as older. The broker tells the identity that published (RabbitMQ); else (NATS) its own
+ * time of receipt says whether the message came before the enrolment, which began before the new machine had
+ * any identity to send with.
+ */
+function fromMachineBefore(delivery: ControlDelivery, standing: NodeStanding): string | undefined {
+  if (delivery.identity !== undefined) {
+    return delivery.identity === standing.brokerUser
+      ? undefined
+      : `sent by an identity the node had before its latest enrolment (${boundText(delivery.identity)})`;
+  }
+  if (standing.enrolledAt === null) return undefined;
+  const enrolledAt = Date.parse(standing.enrolledAt);
+  return delivery.receivedAt.getTime() < enrolledAt
+    ? `received by the broker at ${delivery.receivedAt.toISOString()}, before the node's latest enrolment at ${standing.enrolledAt}`
+    : undefined;
 }
 
 /**

@@ -27,6 +27,8 @@ export type FleetRecord = Pick<NodeRecord, "name" | "profile" | "overlayKey" | "
 export interface NodeStanding {
   state: NodeState;
   enrolledAt: string | null;
+  /** The broker identity of its latest enrolment (null before the first). */
+  brokerUser: string | null;
 }
 
 export interface Enrolment {
@@ -131,16 +133,24 @@ export class NodeQueries {
   }
 
   /**
-   * Where each of these nodes stands (those that exist): the state and the enrolment time, and nothing else, since
-   * ingest asks this for every batch of reports.
+   * Where each of these nodes stands (those that exist): the state, the enrolment time and identity, and nothing
+   * else, since ingest asks this for every batch of reports.
    */
   async standings(names: readonly string[]): Promise<Map<string, NodeStanding>> {
     const standings = new Map<string, NodeStanding>();
     for (const slice of slices([...new Set(names)])) {
       const { rows } = await this.statements.run(this.db, `nodes.standings.${slice.length}`, slice, () =>
-        this.db.selectFrom("nodes").select(["name", "state", "enrolled_at"]).where("name", "in", slice),
+        this.db
+          .selectFrom("nodes")
+          .select(["name", "state", "enrolled_at", "broker_user"])
+          .where("name", "in", slice),
       );
-      for (const row of rows) standings.set(row.name, { state: row.state, enrolledAt: row.enrolled_at });
+      for (const row of rows)
+        standings.set(row.name, {
+          state: row.state,
+          enrolledAt: row.enrolled_at,
+          brokerUser: row.broker_user,
+        });
     }
     return standings;
   }

@@ -74,11 +74,12 @@ for (const { name, open: openTransport } of transports) {
       return once;
     };
     const openNode = async (node: string) => {
-      const bus = await transport.openNode(node, await transport.nodeFor(node));
+      const identity = await transport.nodeFor(node);
+      const bus = await transport.openNode(node, identity);
       let closed: Promise<void> | undefined;
       const close = () => (closed ??= bus.close());
       opened.push({ close });
-      return { bus, close };
+      return { bus, close, credential: identity.credential };
     };
     afterEach(async () => {
       for (const thing of opened.splice(0)) await thing.close();
@@ -96,7 +97,7 @@ for (const { name, open: openTransport } of transports) {
     });
 
     test(`conformance (${name}) — report and alive reach the control plane byte for byte, as the broker holds them`, async () => {
-      const { bus: node } = await openNode("edge-1");
+      const { bus: node, credential } = await openNode("edge-1");
       const report = payload("report");
       const alive = payload("alive");
       await node.publishReport(report);
@@ -123,6 +124,10 @@ for (const { name, open: openTransport } of transports) {
       assert.equal(gotAlive.kind, "alive");
       assert.equal(gotAlive.node, "edge-1");
       assert.ok(Math.abs(gotReport.receivedAt.getTime() - Date.now()) < 60_000, "received about now");
+      // RabbitMQ vouches for the account that published (its user_id is checked); NATS says only the subject's node.
+      const identity = credential.type === "amqp" ? credential.username : undefined;
+      assert.equal(gotReport.identity, identity);
+      assert.equal(gotAlive.identity, identity);
       await side.close();
       await node.close();
     });

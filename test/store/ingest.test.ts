@@ -84,7 +84,8 @@ for (const backend of storeBackends) {
     });
 
     test("ingest — last_seen is when the broker received the alive, not when it was processed", async () => {
-      await enrol("late-1", clock);
+      // Enrolled a minute ago, spoke 40 s ago, heard only now.
+      await enrol("late-1", new Date(clock.getTime() - 60_000));
       const spokeAt = new Date(clock.getTime() - 40_000);
       clock = new Date(clock.getTime() + 1000);
       const alive = { kind: "alive", node: "late-1", sent_at: spokeAt.toISOString() };
@@ -143,6 +144,70 @@ for (const backend of storeBackends) {
             ).reason,
           },
           { kind: "receipt", node: "again-1", report_sequence: 1, verdict: "kept" },
+        ],
+      );
+    });
+
+    test("ingest — what the machine before a node's latest enrolment sent is refused, without a receipt", async () => {
+      const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
+      await enrol("rebuilt-1", clock);
+      later(1000);
+      const lastHeard = clock;
+      assert.equal(await ingest.handle(delivery("report", "rebuilt-1", report("rebuilt-1", 7))), "done");
+      // The old machine's last report and alive wait in the queue while the machine is rebuilt and joins again.
+      later(1000);
+      const queuedAt = clock;
+      later(60_000);
+      const enrolledAgainAt = clock;
+      await store.nodes.enrol("rebuilt-1", {
+        signingKey: "s2",
+        overlayKey: "o2",
+        brokerUser: "U-rebuilt-1-again",
+        profile: "{}",
+        at: enrolledAgainAt.toISOString(),
+      });
+      ingest.forget("rebuilt-1");
+      later(1000);
+      const receiptsBefore = receipts.length;
+      // Where the broker gives only its time of receipt (NATS), that time says it came before the enrolment.
+      assert.equal(
+        await ingest.handle(delivery("report", "rebuilt-1", report("rebuilt-1", 8), queuedAt)),
+        "done",
+      );
+      const oldAlive = { kind: "alive", node: "rebuilt-1", sent_at: queuedAt.toISOString() };
+      assert.equal(await ingest.handle(delivery("alive", "rebuilt-1", oldAlive, queuedAt)), "done");
+      // Where the broker names the identity that published (RabbitMQ), that says so, whatever the time.
+      const byIdentity = (identity: string, body: object, receivedAt: Date): ControlDelivery => ({
+        ...delivery("report", "rebuilt-1", body, receivedAt),
+        identity,
+      });
+      assert.equal(await ingest.handle(byIdentity("U-rebuilt-1", report("rebuilt-1", 9), clock)), "done");
+      assert.equal(receipts.length, receiptsBefore, "nothing from the machine before is answered");
+      assert.equal((await store.accounts.recoveryCopy("rebuilt-1"))?.reportSequence, 7, "nor kept");
+      const counters = await store.counters.of("rebuilt-1");
+      assert.equal(counters.report_from_before_enrolment, 2);
+      assert.equal(counters.alive_from_before_enrolment, 1);
+      await ingest.flush();
+      assert.equal(
+        (await store.nodes.get("rebuilt-1"))?.lastSeen,
+        lastHeard.toISOString(),
+        "the old machine's later alive does not count as the node heard",
+      );
+      // The new machine counts its reports from 1, and they are its order. RabbitMQ's time is the publisher's, to the
+      // second: a current identity's report stamped before the enrolment is the new machine's all the same.
+      assert.equal(
+        await ingest.handle(
+          byIdentity("U-rebuilt-1-again", report("rebuilt-1", 1), new Date(enrolledAgainAt.getTime() - 900)),
+        ),
+        "done",
+      );
+      assert.equal(await ingest.handle(delivery("report", "rebuilt-1", report("rebuilt-1", 2))), "done");
+      assert.equal((await store.accounts.recoveryCopy("rebuilt-1"))?.reportSequence, 2);
+      assert.deepEqual(
+        receipts.slice(receiptsBefore).map((r) => r.receipt),
+        [
+          { kind: "receipt", node: "rebuilt-1", report_sequence: 1, verdict: "kept" },
+          { kind: "receipt", node: "rebuilt-1", report_sequence: 2, verdict: "kept" },
         ],
       );
     });

@@ -350,7 +350,7 @@ for (const backend of storeBackends) {
       ]);
       const standings = await store.nodes.standings([...nodes, "batch-nobody"]);
       assert.deepEqual([...standings.keys()].sort(), nodes);
-      assert.deepEqual(standings.get("batch-a"), { state: "invited", enrolledAt: null });
+      assert.deepEqual(standings.get("batch-a"), { state: "invited", enrolledAt: null, brokerUser: null });
     });
 
     test("batches — orders of digests and latest orders of many nodes, in a few statements", async () => {

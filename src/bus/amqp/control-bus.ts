@@ -205,6 +205,7 @@ export class AmqpControlBus implements ControlBus {
       body: message.content,
       redelivered: message.fields.redelivered,
       receivedAt: new Date(Math.min(now, stamped)),
+      ...(user?.role === "node" ? { identity: message.properties.userId as string } : {}),
       ...misrouted(message),
     };
   }
