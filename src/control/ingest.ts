@@ -571,12 +571,19 @@ export class Ingest {
 }
 
 /**
+ * How much earlier than a node's latest enrolment the broker's clock may say it received the new machine's first
+ * message: the broker's host and the control plane's keep their own time. A machine rebuilt and joined again sent
+ * its last message long before.
+ */
+const brokerClockSkewMs = 1000;
+
+/**
  * Why a message comes from the machine this node was before its latest enrolment (a machine rebuilt and joined
  * again; its last messages waited in the queue), or undefined when it comes from the current one. Taken as the new
  * machine's, an old report would set the node's report order, and the new machine's reports, counted from 1
  * again, would be refused as older. The broker tells the identity that published (RabbitMQ); else (NATS) its own
  * time of receipt says whether the message came before the enrolment, which began before the new machine had
- * any identity to send with.
+ * any identity to send with (less `brokerClockSkewMs`).
  */
 function fromMachineBefore(delivery: ControlDelivery, standing: NodeStanding): string | undefined {
   if (delivery.identity !== undefined) {
@@ -586,7 +593,7 @@ function fromMachineBefore(delivery: ControlDelivery, standing: NodeStanding): s
   }
   if (standing.enrolledAt === null) return undefined;
   const enrolledAt = Date.parse(standing.enrolledAt);
-  return delivery.receivedAt.getTime() < enrolledAt
+  return delivery.receivedAt.getTime() < enrolledAt - brokerClockSkewMs
     ? `received by the broker at ${delivery.receivedAt.toISOString()}, before the node's latest enrolment at ${standing.enrolledAt}`
     : undefined;
 }
