@@ -8,27 +8,18 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { NodeCredential } from "../../src/bus/index.js";
 import { Ingest } from "../../src/control/ingest.js";
-import { emptyDigest, encodeMessage } from "../../src/link/index.js";
+import { encodeMessage } from "../../src/link/index.js";
 import { createLogger } from "../../src/log.js";
 import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
 import { eventually } from "../support/processes.js";
+import { reportOfNothing } from "../support/reports.js";
 import { tempDir } from "../support/tmp.js";
 import type { Transport } from "../support/transports.js";
 import { transports } from "../support/transports.js";
 
 const report = (node: string, reportSequence: number) =>
-  encodeMessage({
-    kind: "report",
-    node,
-    epoch: 0,
-    sequence: 0,
-    report_sequence: reportSequence,
-    digest: emptyDigest,
-    outcome: "applied",
-    items: [],
-    sent_at: new Date().toISOString(),
-  });
+  encodeMessage(reportOfNothing(node, reportSequence, new Date()));
 
 for (const { name, open } of transports) {
   describe(`a rebuilt machine's old messages (${name})`, () => {

@@ -11,6 +11,7 @@ import { createLogger } from "../../src/log.js";
 import { emptyDigest, encodeMessage } from "../../src/link/index.js";
 import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
+import { reportOfNothing } from "../support/reports.js";
 import { enrolled, storeBackends } from "../support/stores.js";
 
 /** What ingest sends back: receipts only, in these cases; anything else it tried to send fails the test. */
@@ -71,17 +72,7 @@ for (const backend of storeBackends) {
       redelivered: false,
       receivedAt: clock,
     });
-    const report = (node: string, reportSequence: number) => ({
-      kind: "report",
-      node,
-      epoch: 0,
-      sequence: 0,
-      report_sequence: reportSequence,
-      digest: emptyDigest,
-      outcome: "applied",
-      items: [],
-      sent_at: clock.toISOString(),
-    });
+    const report = (node: string, reportSequence: number) => reportOfNothing(node, reportSequence, clock);
 
     test("ingest — last_seen is when the broker received the alive, not when it was processed", async () => {
       // Enrolled a minute ago, spoke 40 s ago, heard only now.
