@@ -10,6 +10,7 @@ import { describeLiveness, livenessOf } from "../control/liveness.js";
 import type { PlanAt } from "../control/plans.js";
 import {
   heldOf,
+  mayConflict,
   outlookOf,
   planText,
   readFleet,
@@ -85,10 +86,12 @@ export async function applyPlanChange(
           break;
         }
         before = await store.declarations.latestSent();
-        refuseConflicts(
-          outlookOf(plan, await readFleet(store, now(), options.outOfTouchAfterMs), heldOf(before)),
-          change.fileName,
-        );
+        if (mayConflict(plan)) {
+          refuseConflicts(
+            outlookOf(plan, await readFleet(store, now(), options.outOfTouchAfterMs), heldOf(before)),
+            change.fileName,
+          );
+        }
         if (!(await stillActing())) {
           throw new MeshError("lease_moved", `the lease moved on from epoch ${epoch}; ${change.nothingDone}`);
         }

@@ -5,6 +5,7 @@ import type { FleetNode } from "../../src/control/allot.js";
 import { allot } from "../../src/control/allot.js";
 import { composeFleet, composeFor } from "../../src/control/compose.js";
 import {
+  mayConflict,
   needsSending,
   outlookOf,
   parsePlanFile,
@@ -142,6 +143,78 @@ test("conflicts — refused at apply naming both units; found later, a condition
   const n2 = clash.compositions.get("n-2");
   assert.ok(n2 !== undefined);
   assert.equal(needsSending(n2, undefined), false, "a conflicting node is sent nothing");
+});
+
+test("conflicts — a plan that declares no item id twice differently cannot conflict, and is not composed to find out", () => {
+  const clashing = plan([
+    { name: "a", files: [file("/etc/x", "1")] },
+    { name: "b", where: { labels: { role: "db" } }, files: [file("/etc/x", "2")] },
+  ]);
+  assert.equal(mayConflict(clashing), true, "two units, one path, two contents");
+  assert.equal(
+    mayConflict(
+      plan([
+        { name: "a", files: [file("/etc/x", "1")] },
+        { name: "b", files: [file("/etc/x", "1"), file("/etc/y", "2")] },
+      ]),
+    ),
+    false,
+    "one path declared alike twice is held once",
+  );
+  assert.equal(mayConflict(pinned(clashing, { all: true }, contents([file("/etc/z", "z")]))), true);
+  assert.equal(
+    mayConflict(
+      pinned(
+        plan([{ name: "a", files: [file("/etc/x", "1")] }]),
+        { all: true },
+        contents([file("/etc/z", "z")]),
+      ),
+    ),
+    false,
+    "`mesh declare --all` of a new path",
+  );
+});
+
+test("conflicts — property: any fleet on which a plan conflicts is a fleet of a plan that may conflict", () => {
+  let conflicting = 0;
+  fc.assert(
+    fc.property(
+      fc.array(
+        fc.record({
+          role: fc.option(fc.constantFrom("web", "db"), { nil: undefined }),
+          count: fc.option(fc.integer({ min: 1, max: 3 }), { nil: undefined }),
+          files: fc.uniqueArray(
+            fc.record({
+              path: fc.constantFrom("/etc/a", "/etc/b", "/etc/c"),
+              content: fc.constantFrom("1", "2"),
+            }),
+            { selector: (one) => one.path, maxLength: 3 },
+          ),
+        }),
+        { minLength: 1, maxLength: 4 },
+      ),
+      fc.array(fc.constantFrom("web", "db", "cache"), { minLength: 1, maxLength: 8 }),
+      (units, roles) => {
+        const thePlan = plan(
+          units.map(({ role, count, files }, index) => ({
+            name: `u${index}`,
+            ...(role === undefined ? {} : { where: { labels: { role } } }),
+            ...(count === undefined ? {} : { count }),
+            files,
+          })),
+        );
+        const fleet = { nodes: roles.map((role, index) => node(`n-${index}`, { role })), away: new Map() };
+        const conflicts = outlookOf(thePlan, fleet).conflicts.length;
+        if (conflicts > 0) conflicting++;
+        assert.ok(
+          conflicts === 0 || mayConflict(thePlan),
+          `conflicts on a plan said not to: ${planText(thePlan)}`,
+        );
+      },
+    ),
+    { numRuns: 2000 },
+  );
+  assert.ok(conflicting > 100, `only ${conflicting} of 2000 generated plans conflicted on their fleet`);
 });
 
 test("move_after — a node out of touch longer moves a count unit's placement; shorter, or without it, stays", () => {
