@@ -50,15 +50,20 @@ export function registerDeclareCommand(program: Command): void {
         await withStore(options, async (store) => {
           const targets = flags.all === true ? await store.nodes.namesIn("enrolled") : [...new Set(nodes)];
           if (targets.length === 0) throw new MeshError("no_nodes", `no node is enrolled: ${nothingDone}`);
-          const standings = await store.nodes.standings(targets);
-          const unknown = targets.filter((name) => !standings.has(name));
-          if (unknown.length > 0)
-            throw new MeshError("node_unknown", `no node named ${unknown.join(", ")}; ${nothingDone}`);
-          const retired = targets.filter((name) => standings.get(name)?.state === "retired");
-          if (retired.length > 0) {
-            const which =
-              retired.length === 1 ? `node ${retired.join("")} is retired` : `retired: ${retired.join(", ")}`;
-            throw new MeshError("node_retired", `${which}; ${nothingDone}`);
+          // Named nodes must be enrolled ones; --all's are, as just read (the pin holds for whichever enrol later).
+          if (flags.all !== true) {
+            const standings = await store.nodes.standings(targets);
+            const unknown = targets.filter((name) => !standings.has(name));
+            if (unknown.length > 0)
+              throw new MeshError("node_unknown", `no node named ${unknown.join(", ")}; ${nothingDone}`);
+            const retired = targets.filter((name) => standings.get(name)?.state === "retired");
+            if (retired.length > 0) {
+              const which =
+                retired.length === 1
+                  ? `node ${retired.join("")} is retired`
+                  : `retired: ${retired.join(", ")}`;
+              throw new MeshError("node_retired", `${which}; ${nothingDone}`);
+            }
           }
           const applied = await applyPlanChange(options, store, side, {
             make: ({ plan }) => pinned(plan, flags.all === true ? { all: true } : targets, contents),
