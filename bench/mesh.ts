@@ -30,7 +30,11 @@ export function runMesh(data: string, args: readonly string[], profileDir?: stri
   const errPath = join(outDir, "stderr");
   const out = openSync(outPath, "w");
   const err = openSync(errPath, "w");
+  let ended = false;
   const read = () => {
+    // Node may tell both a failure to start and an exit: the files are read and removed once.
+    if (ended) return { stdout: "", stderr: "" };
+    ended = true;
     closeSync(out);
     closeSync(err);
     const said = { stdout: readFileSync(outPath, "utf8"), stderr: readFileSync(errPath, "utf8") };

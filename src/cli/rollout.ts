@@ -6,11 +6,11 @@
 import { hostname, userInfo } from "node:os";
 import type { ControlSide } from "../bus/index.js";
 import type { SentDeclaration } from "../control/declarations.js";
+import { mayConflict } from "../control/compose.js";
 import { describeLiveness, livenessOf } from "../control/liveness.js";
 import type { PlanAt } from "../control/plans.js";
 import {
   heldOf,
-  mayConflict,
   outlookOf,
   planText,
   readFleet,

@@ -7,7 +7,7 @@
  */
 import { MeshError, UsageError } from "../errors.js";
 import type { OverlayPlan, Plan, UnitContents } from "../link/index.js";
-import { checkContents, emptyDigest, itemsDigest, itemsOfContents, planSchema } from "../link/index.js";
+import { checkContents, emptyDigest, itemsDigest, planSchema } from "../link/index.js";
 import type { Store } from "../store/index.js";
 import type { Allotment, Away, Condition, FleetNode, Held } from "./allot.js";
 import { allot } from "./allot.js";
@@ -265,25 +265,6 @@ function conflictConditions(plan: Plan, conflicts: readonly ItemConflict[]): Con
         "those nodes keep what they were last sent",
     };
   });
-}
-
-/**
- * Whether the plan declares some item id twice, differently (in two units, or twice in one): only then can a node's
- * composition hold a conflict, whatever the fleet. A plan that does not is not composed for the whole fleet just to
- * find none (`mesh declare --all` to 10,000 nodes read and composed the fleet for that, a third of a second before
- * it could write anything).
- */
-export function mayConflict(plan: Plan): boolean {
-  const texts = new Map<string, string>();
-  for (const unit of plan.units) {
-    for (const item of itemsOfContents(unit)) {
-      const text = JSON.stringify(item);
-      const earlier = texts.get(item.id);
-      if (earlier === undefined) texts.set(item.id, text);
-      else if (earlier !== text) return true;
-    }
-  }
-  return false;
 }
 
 /** Refuses a plan that would put two different items under one id on any node of the fleet, naming both units. */

@@ -3,9 +3,8 @@ import { test } from "node:test";
 import fc from "fast-check";
 import type { FleetNode } from "../../src/control/allot.js";
 import { allot } from "../../src/control/allot.js";
-import { composeFleet, composeFor } from "../../src/control/compose.js";
+import { composeFleet, composeFor, mayConflict } from "../../src/control/compose.js";
 import {
-  mayConflict,
   needsSending,
   outlookOf,
   parsePlanFile,
