@@ -10,6 +10,7 @@ import type { ChannelModel } from "amqplib";
 import amqp from "amqplib";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { connect, jwtAuthenticator } from "@nats-io/transport-node";
+import type { ConsumerInfo } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import type { NodeBus } from "../src/bus/index.js";
 import {
@@ -223,10 +224,8 @@ async function startNats(data: string, dir: string): Promise<BenchBroker> {
       try {
         const jsm = await jetstreamManager(nc);
         let total = 0;
-        for (const stream of streams) {
-          const info = await jsm.consumers.info(stream, "control");
-          total += info.num_pending + info.num_ack_pending;
-        }
+        // Under interest retention a stream holds what its consumer has not acknowledged.
+        for (const stream of streams) total += (await jsm.streams.info(stream)).state.messages;
         return total;
       } finally {
         await nc.close();
@@ -236,15 +235,23 @@ async function startNats(data: string, dir: string): Promise<BenchBroker> {
       const nc = await control();
       const jsm = await jetstreamManager(nc);
       const js = jetstream(nc);
-      const pending = await Promise.all(
-        streams.map(async (stream) => (await jsm.consumers.info(stream, "control")).num_pending),
+      // The consumer serve made, which it left when it stopped (one per stream).
+      const consumers = await Promise.all(
+        streams.map(async (stream) => {
+          const all: ConsumerInfo[] = [];
+          for await (const info of jsm.consumers.list(stream)) all.push(info);
+          if (all.length !== 1)
+            throw new Error(`stream ${stream} has ${all.length} consumers, not serve's one`);
+          return all[0] as ConsumerInfo;
+        }),
       );
+      const pending = consumers.map((info) => info.num_pending);
       const clock = new DrainClock(pending.reduce((sum, n) => sum + n, 0));
       await Promise.all(
         streams.map(async (stream, i) => {
           let left = pending[i] ?? 0;
           if (left === 0) return;
-          const consumer = await js.consumers.get(stream, "control");
+          const consumer = await js.consumers.get(stream, consumers[i]?.name ?? "");
           const iterator = await consumer.consume({ max_messages: 256 });
           for await (const msg of iterator) {
             msg.ack();

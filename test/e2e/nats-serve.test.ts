@@ -337,13 +337,18 @@ describe("mesh serve with an operator's nats-server", { concurrency: 3 }, () => 
       const jsm = await jetstreamManager(admin);
       // Stop the control plane so the streams hold what nodes send.
       await m.stopServe();
+      // The consumer the control plane made for itself, which a node would most like to delete.
+      const consumers: string[] = [];
+      for await (const info of jsm.consumers.list("MESH_CONTROL")) consumers.push(info.name);
+      assert.equal(consumers.length, 1, `one consumer of the report stream: ${consumers.join(", ")}`);
+      const consumer = consumers[0] ?? "";
       node.publish(
         "mesh.alive.edge-1",
         JSON.stringify({ kind: "alive", node: "edge-1", sent_at: new Date().toISOString() }),
       );
       node.publish("mesh.report.edge-1", "{}", { reply: "$JS.API.STREAM.PURGE.MESH_ALIVE" });
       node.publish("mesh.alive.edge-1", "{}", { reply: "$JS.API.STREAM.PURGE.MESH_CONTROL" });
-      node.publish("mesh.report.edge-1", "{}", { reply: "$JS.API.CONSUMER.DELETE.MESH_CONTROL.control" });
+      node.publish("mesh.report.edge-1", "{}", { reply: `$JS.API.CONSUMER.DELETE.MESH_CONTROL.${consumer}` });
       await node.flush();
       // The two reports are in the stream, so what was sent with them has been through the server; then a moment
       // more for anything they might wrongly have set off.
@@ -360,8 +365,8 @@ describe("mesh serve with an operator's nats-server", { concurrency: 3 }, () => 
         "the report stream was not purged",
       );
       assert.equal(
-        (await jsm.consumers.info("MESH_CONTROL", "control")).name,
-        "control",
+        (await jsm.consumers.info("MESH_CONTROL", consumer)).name,
+        consumer,
         "the consumer is still there",
       );
     } finally {

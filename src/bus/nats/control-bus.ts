@@ -4,8 +4,11 @@
  * request and reply: a joining node waits for an answer, so it needs a live control plane anyway, and a missing one
  * shows at once as "no responders" rather than a timeout.
  */
+import { randomBytes } from "node:crypto";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import type {
+  ConsumerConfig,
+  ConsumerInfo,
   ConsumerMessages,
   JetStreamClient,
   JetStreamManager,
@@ -43,14 +46,28 @@ import { Arrivals } from "../batches.js";
 import type { ControlBus, ControlDelivery, ControlHandler, EnrolAnswer, EnrolRequest } from "../bus.js";
 import { controlBatchMax } from "../bus.js";
 import { BusError } from "../errors.js";
+import { AckFloor } from "./ack-floor.js";
 import { noAnswer } from "./connect.js";
 
 export const controlStream = "MESH_CONTROL";
 export const aliveStream = "MESH_ALIVE";
+/**
+ * The consumers' names begin so. Each control plane that starts consuming makes a consumer of its own, named so
+ * with a random ending, and removes those before it (see `openConsumer`). An earlier layout's consumer was named
+ * this alone.
+ */
 export const controlConsumer = "control";
 const nanos = (ms: number) => ms * 1_000_000;
 /** How long the backlog's question waits for the broker: it is how the control plane learns that it is deaf. */
 const backlogTimeoutMs = 2000;
+/** How long a message handed back is offered again after (the broker's nak delay). */
+const handBackDelayMs = 1000;
+/**
+ * How often the broker is asked whether messages handed back and not offered again since still exist: a node's
+ * newer message may have pushed one out (a node keeps a few reports and one alive in the streams), and one gone
+ * would hold every acknowledgement after it forever.
+ */
+const owedCheckEveryMs = 5000;
 
 export interface NatsControlBusOptions {
   /** How long an unacknowledged message waits before redelivery. */
@@ -75,7 +92,10 @@ export class NatsControlBus implements ControlBus {
   private readonly consuming: ConsumerMessages[] = [];
   /** Enrolments being answered; closing waits for them, so none is cut off between its reply and its revocation. */
   private readonly inFlight = new Set<Promise<void>>();
+  /** The backlog's manager, whose questions wait `backlogTimeoutMs` at most. */
   private manager: JetStreamManager | undefined;
+  private setup: JetStreamManager | undefined;
+  private closing = false;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -86,13 +106,37 @@ export class NatsControlBus implements ControlBus {
   }
 
   async assert(): Promise<void> {
-    const jsm: JetStreamManager = await jetstreamManager(this.nc);
+    const jsm = await this.jsm();
+    for (const stream of [controlStream, aliveStream]) {
+      const made = await ensureStream(jsm, this.streamConfig(stream));
+      if (made.earlier) {
+        // Made by an earlier layout (work-queue retention, which the broker will not change in place): its
+        // consumer takes what it holds first, and the stream is made again then (`consumeControl`).
+        if ((await consumersOf(jsm, stream)).some(({ name }) => name === controlConsumer)) continue;
+        await jsm.consumers.add(stream, {
+          durable_name: controlConsumer,
+          ack_policy: AckPolicy.Explicit,
+          deliver_policy: DeliverPolicy.All,
+          ack_wait: nanos(this.options.ackWaitMs),
+          max_ack_pending: 1024,
+        });
+        continue;
+      }
+      // A stream of interest retention keeps a message only for its consumers: one must exist from the start.
+      if ((await consumersOf(jsm, stream)).length === 0)
+        await jsm.consumers.add(stream, this.consumerConfig());
+    }
+  }
+
+  /** The stream as this code makes it. */
+  private streamConfig(stream: string): Partial<StreamConfig> & { name: string } {
     const common = {
       // No broker acknowledgement to publishers: the broker would send it to whatever reply subject a node names —
       // the JetStream API itself included (a node could purge a stream). The control plane's receipt replaces it.
       no_ack: true,
-      // Work-queue retention: a message is gone once the control plane acknowledged it.
-      retention: RetentionPolicy.Workqueue,
+      // Interest retention: a message is gone once the control plane's consumer acknowledged it. (Work-queue
+      // retention would do the same, but it takes acknowledgements only one message at a time.)
+      retention: RetentionPolicy.Interest,
       storage: StorageType.File,
       max_age: nanos(this.options.keepForMs),
       // Refused at the door: nothing larger than the broker's largest message is stored (headers counted).
@@ -100,33 +144,40 @@ export class NatsControlBus implements ControlBus {
     };
     // Reports, each kept until processed, a few per node: a node's newer report pushes out its own oldest, and the
     // stream as a whole is bounded (src/link/limits.ts says why each number).
-    await ensureStream(jsm, {
-      ...common,
-      name: controlStream,
-      subjects: [natsPattern.toControl("report", "*")],
-      max_msgs_per_subject: reportsKeptPerNode,
-      max_bytes: reportBacklogBytes,
-      discard: DiscardPolicy.Old,
-      duplicate_window: nanos(reportDuplicateWindowMs),
-    });
+    if (stream === controlStream) {
+      return {
+        ...common,
+        name: controlStream,
+        subjects: [natsPattern.toControl("report", "*")],
+        max_msgs_per_subject: reportsKeptPerNode,
+        max_bytes: reportBacklogBytes,
+        discard: DiscardPolicy.Old,
+        duplicate_window: nanos(reportDuplicateWindowMs),
+      };
+    }
     // Alives apart, and only the newest per node: during an outage the queue holds one per node, not one per
     // interval, and reports never wait behind a backlog of alives.
-    await ensureStream(jsm, {
+    return {
       ...common,
       name: aliveStream,
       subjects: [natsPattern.toControl("alive", "*")],
       max_msgs_per_subject: 1,
       discard: DiscardPolicy.Old,
-    });
-    for (const stream of [controlStream, aliveStream]) {
-      await jsm.consumers.add(stream, {
-        durable_name: controlConsumer,
-        ack_policy: AckPolicy.Explicit,
-        deliver_policy: DeliverPolicy.All,
-        ack_wait: nanos(this.options.ackWaitMs),
-        max_ack_pending: 1024,
-      });
-    }
+    };
+  }
+
+  /**
+   * A consumer of the control plane: one acknowledgement covers every message before it, and a new one is offered
+   * everything the stream holds (under interest retention, what no consumer before it acknowledged).
+   */
+  private consumerConfig(): Partial<ConsumerConfig> & { durable_name: string } {
+    return {
+      durable_name: `${controlConsumer}-${randomBytes(4).toString("hex")}`,
+      ack_policy: AckPolicy.All,
+      deliver_policy: DeliverPolicy.All,
+      ack_wait: nanos(this.options.ackWaitMs),
+      max_ack_pending: 1024,
+    };
   }
 
   async answerEnrolments(answer: (request: EnrolRequest) => Promise<EnrolAnswer>): Promise<void> {
@@ -166,49 +217,152 @@ export class NatsControlBus implements ControlBus {
   }
 
   async consumeControl(handle: ControlHandler): Promise<void> {
-    const consume = async (stream: string, kind: ControlDelivery["kind"]) => {
-      const consumer = await this.js.consumers.get(stream, controlConsumer);
-      // Handed over by callback rather than iterated: a message costs the client one call instead of an async
-      // iterator's step, a share of the drain that is the consumer's own.
-      const arrivals = new Arrivals<JsMsg>();
+    await Promise.all([
+      this.consumeStream(controlStream, "report", handle),
+      this.consumeStream(aliveStream, "alive", handle),
+    ]);
+  }
+
+  /**
+   * Consumes one stream through a consumer of this control plane's own, acknowledging a batch at a time. A stream
+   * of the earlier layout is emptied through its consumer first, and made again.
+   */
+  private async consumeStream(
+    stream: string,
+    kind: ControlDelivery["kind"],
+    handle: ControlHandler,
+  ): Promise<void> {
+    const jsm = await this.jsm();
+    // Handed over by callback rather than iterated: a message costs the client one call instead of an async
+    // iterator's step, a share of the drain that is the consumer's own.
+    const arrivals = new Arrivals<JsMsg>();
+    let opened: { messages: ConsumerMessages; deliveredBefore: number } | undefined;
+    try {
+      const info = await jsm.streams.info(stream);
+      if (info.config.retention === RetentionPolicy.Workqueue)
+        await this.takeEarlierLayout(stream, kind, handle);
+      if (this.closing) return;
+      const { name, deliveredBefore } = await this.openConsumer(stream);
+      if (this.closing) return;
+      const consumer = await this.js.consumers.get(stream, name);
       const messages = await consumer.consume({
         max_messages: controlBatchMax,
         callback: (msg) => arrivals.push(msg),
       });
-      this.consuming.push(messages);
-      let failure: Error | undefined;
-      void messages.closed().then(
-        (error) => {
-          if (error !== undefined) failure = error;
-          arrivals.end();
-        },
-        (error: unknown) => {
-          failure = error instanceof Error ? error : new Error(String(error));
-          arrivals.end();
-        },
-      );
-      for await (const batch of arrivals.batches(controlBatchMax)) {
-        const outcomes = await handle(
-          batch.map((msg) => {
-            const read = readControlSubject(msg.subject);
-            return {
-              // The subject says what it is (a stream from an older layout may still hold both kinds).
-              kind: read?.kind === "report" || read?.kind === "alive" ? read.kind : kind,
-              node: read?.node,
-              body: msg.data,
-              redelivered: msg.redelivered,
-              receivedAt: msg.time,
-            };
-          }),
-        );
-        batch.forEach((msg, i) => {
-          if (outcomes[i] === "done") msg.ack();
-          else msg.nak(1000);
-        });
+      opened = { messages, deliveredBefore };
+    } catch (error) {
+      // Closed while starting: the connection is draining, and there is nothing to consume.
+      if (!this.closing) throw error;
+    }
+    if (opened === undefined) return;
+    const { messages, deliveredBefore } = opened;
+    this.consuming.push(messages);
+    if (this.closing) await messages.close();
+    let failure: Error | undefined;
+    void messages.closed().then(
+      (error) => {
+        if (error !== undefined) failure = error;
+        arrivals.end();
+      },
+      (error: unknown) => {
+        failure = error instanceof Error ? error : new Error(String(error));
+        arrivals.end();
+      },
+    );
+    const floor = new AckFloor<JsMsg>();
+    let checkedAt = Date.now();
+    for await (const batch of arrivals.batches(controlBatchMax)) {
+      // Offered to an earlier consumer up to `deliveredBefore`: such a message is offered again.
+      const outcomes = await handle(batch.map((msg) => deliveryOf(msg, kind, msg.seq <= deliveredBefore)));
+      const { acknowledge, handBack } = floor.settle(batch, outcomes, Date.now());
+      for (const msg of handBack) msg.nak(handBackDelayMs);
+      acknowledge?.ack();
+      if (floor.owing > 0 && Date.now() - checkedAt >= owedCheckEveryMs) {
+        checkedAt = Date.now();
+        await this.forgetGone(jsm, stream, floor);
       }
-      if (failure !== undefined) throw failure;
-    };
-    await Promise.all([consume(controlStream, "report"), consume(aliveStream, "alive")]);
+    }
+    if (failure !== undefined) throw failure;
+  }
+
+  /**
+   * Makes this control plane's consumer of a stream, offered everything the stream holds, and removes every other:
+   * a control plane that acted before and died may have taken messages it never acknowledged, which a consumer of
+   * its own would be offered only after the ack wait; a new consumer is offered them at once. Made before the
+   * others go, so that the stream keeps its messages throughout. Returns how far along the stream the consumers
+   * before it had been offered messages.
+   */
+  private async openConsumer(stream: string): Promise<{ name: string; deliveredBefore: number }> {
+    const jsm = await this.jsm();
+    const before = await consumersOf(jsm, stream);
+    const config = this.consumerConfig();
+    await jsm.consumers.add(stream, config);
+    for (const { name } of before) {
+      await jsm.consumers.delete(stream, name).catch((error: unknown) => {
+        // Removed meanwhile (another control plane starting): what matters is that it is gone.
+        if (!(error instanceof JetStreamApiError && error.code === JetStreamApiCodes.ConsumerNotFound))
+          throw error;
+      });
+    }
+    const deliveredBefore = Math.max(0, ...before.map((info) => info.delivered.stream_seq));
+    return { name: config.durable_name, deliveredBefore };
+  }
+
+  /**
+   * Tells the floor which of its messages owed the broker no longer holds. A question the broker does not answer
+   * leaves them owed until the next check: the acknowledgements wait, nothing is lost.
+   */
+  private async forgetGone(jsm: JetStreamManager, stream: string, floor: AckFloor<JsMsg>): Promise<void> {
+    const gone: number[] = [];
+    try {
+      for (const seq of floor.owedLongerThan(owedCheckEveryMs, Date.now())) {
+        if ((await jsm.streams.getMessage(stream, { seq })) === null) gone.push(seq);
+      }
+    } catch (error) {
+      this.log.warn("control.owed_check_failed", { stream, owed: floor.owing, error: errorText(error) });
+    }
+    floor.gone(gone)?.ack();
+  }
+
+  /**
+   * Empties a stream made by an earlier layout (work-queue retention, which takes acknowledgements one message at
+   * a time and cannot be changed in place) through its consumer, and makes it again as this code does. A node's
+   * message sent between the last one taken and the stream made again is lost: a report is sent again until its
+   * receipt comes, and an alive comes again anyway.
+   */
+  private async takeEarlierLayout(
+    stream: string,
+    kind: ControlDelivery["kind"],
+    handle: ControlHandler,
+  ): Promise<void> {
+    const jsm = await this.jsm();
+    const consumer = await this.js.consumers.get(stream, controlConsumer);
+    let taken = 0;
+    while (!this.closing) {
+      const { num_pending: pending, num_ack_pending: unacknowledged } = await consumer.info();
+      if (pending + unacknowledged === 0) break;
+      const batch: JsMsg[] = [];
+      for await (const msg of await consumer.fetch({ max_messages: controlBatchMax, expires: 1000 }))
+        batch.push(msg);
+      if (batch.length === 0) continue;
+      const outcomes = await handle(batch.map((msg) => deliveryOf(msg, kind, msg.redelivered)));
+      batch.forEach((msg, i) => {
+        if (outcomes[i] === "done") msg.ack();
+        else msg.nak(handBackDelayMs);
+      });
+      // The acknowledgements reach the broker before it is asked what is left.
+      await this.nc.flush();
+      taken += batch.length;
+    }
+    if (this.closing) return;
+    await jsm.streams.delete(stream);
+    await ensureStream(jsm, this.streamConfig(stream));
+    await jsm.consumers.add(stream, this.consumerConfig());
+    this.log.info("broker.stream_remade", {
+      stream,
+      taken,
+      note: "made by an earlier layout; emptied first, and made again with one acknowledgement per batch",
+    });
   }
 
   async publishDeclaration(node: string, envelope: Uint8Array): Promise<void> {
@@ -234,11 +388,16 @@ export class NatsControlBus implements ControlBus {
     // No API check on opening: the question itself is the check, and it is asked every second or so.
     this.manager ??= await jetstreamManager(this.nc, { checkAPI: false, timeout: backlogTimeoutMs });
     let waiting = 0;
-    for (const stream of [controlStream, aliveStream]) {
-      const info = await this.manager.consumers.info(stream, controlConsumer);
-      waiting += info.num_pending + info.num_ack_pending;
-    }
+    // Under interest retention a stream holds what its consumer has not acknowledged, and nothing else.
+    for (const stream of [controlStream, aliveStream])
+      waiting += (await this.manager.streams.info(stream)).state.messages;
     return waiting;
+  }
+
+  /** The JetStream manager for making streams and consumers, opened once. */
+  private async jsm(): Promise<JetStreamManager> {
+    this.setup ??= await jetstreamManager(this.nc);
+    return this.setup;
   }
 
   onReconnect(listener: () => void): void {
@@ -250,6 +409,7 @@ export class NatsControlBus implements ControlBus {
   }
 
   async close(): Promise<void> {
+    this.closing = true;
     this.enrolments?.unsubscribe();
     await Promise.all(this.inFlight);
     try {
@@ -286,12 +446,13 @@ export class NatsControlBus implements ControlBus {
 /**
  * Creates a stream, or brings an existing one to this config (subjects and limits included). A lower per-subject
  * limit holds only for what is stored from then on (2.9.10 trims one old message per new one), so a subject over it
- * is trimmed here to its newest messages.
+ * is trimmed here to its newest messages. A stream of work-queue retention is an earlier layout's, which the broker
+ * will not change in place: it gets the limits and keeps its retention, and is said to be `earlier`.
  */
 async function ensureStream(
   jsm: JetStreamManager,
   config: Partial<StreamConfig> & { name: string },
-): Promise<void> {
+): Promise<{ earlier: boolean }> {
   const existing = await jsm.streams.info(config.name).then(
     (info) => info,
     (error: unknown) => {
@@ -299,18 +460,25 @@ async function ensureStream(
       throw new BusError("broker", `cannot read stream ${config.name}`, { cause: error });
     },
   );
+  const earlier =
+    existing?.config.retention === RetentionPolicy.Workqueue &&
+    config.retention !== RetentionPolicy.Workqueue;
   try {
     if (existing === undefined) {
       await jsm.streams.add(config);
-      return;
+      return { earlier };
     }
-    await jsm.streams.update(config.name, config);
+    await jsm.streams.update(
+      config.name,
+      earlier ? { ...config, retention: RetentionPolicy.Workqueue } : config,
+    );
   } catch (error) {
     throw streamRefused(config, error);
   }
   const keep = config.max_msgs_per_subject ?? -1;
   const before = existing.config.max_msgs_per_subject;
   if (keep > 0 && (before <= 0 || before > keep)) await trimSubjects(jsm, config.name, keep);
+  return { earlier };
 }
 
 /** Purges every subject of the stream holding more than `keep` messages down to its newest `keep`. */
@@ -337,4 +505,24 @@ function streamRefused(config: Partial<StreamConfig> & { name: string }, error: 
 /** The stream does not exist yet: the API answers with code 10059 (the client's StreamNotFoundError). */
 function isNotFound(error: unknown): boolean {
   return error instanceof JetStreamApiError && error.code === JetStreamApiCodes.StreamNotFound;
+}
+
+/** The consumers of a stream, as the broker lists them. */
+async function consumersOf(jsm: JetStreamManager, stream: string): Promise<ConsumerInfo[]> {
+  const all: ConsumerInfo[] = [];
+  for await (const info of jsm.consumers.list(stream)) all.push(info);
+  return all;
+}
+
+/** A message of the control streams as the control plane takes it. */
+function deliveryOf(msg: JsMsg, kind: ControlDelivery["kind"], offeredBefore: boolean): ControlDelivery {
+  const read = readControlSubject(msg.subject);
+  return {
+    // The subject says what it is (a stream from an older layout may still hold both kinds).
+    kind: read?.kind === "report" || read?.kind === "alive" ? read.kind : kind,
+    node: read?.node,
+    body: msg.data,
+    redelivered: offeredBefore || msg.redelivered,
+    receivedAt: msg.time,
+  };
 }

@@ -1,0 +1,271 @@
+/**
+ * How the control plane consumes JetStream, on an operator-mode nats-server of its own: one acknowledgement for a
+ * batch, never one that covers a message handed back; a consumer of its own, so that what a control plane that died
+ * had taken comes at once to the next; and a stream of the earlier layout emptied and made again.
+ */
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { connect, jwtAuthenticator } from "@nats-io/transport-node";
+import type { JetStreamManager } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, jetstreamManager, RetentionPolicy, StorageType } from "@nats-io/jetstream";
+import { Algorithms, encodeUser } from "@nats-io/jwt";
+import type { ControlDelivery, DeliveryOutcome } from "../../src/bus/index.js";
+import type { UserGrant } from "../../src/bus/nats/authority.js";
+import { fastSigner, newUserKey, userJwt } from "../../src/bus/nats/authority.js";
+import { aliveStream, controlStream, NatsControlBus } from "../../src/bus/nats/control-bus.js";
+import { controlSubject } from "../../src/link/index.js";
+import { createLogger } from "../../src/log.js";
+import type { OperatorServer } from "../support/nats.js";
+import { startOperatorServer } from "../support/nats.js";
+import { eventually } from "../support/processes.js";
+
+const quiet = createLogger({ level: "error" });
+const nanos = (ms: number) => ms * 1_000_000;
+/** Far longer than any test here waits: what arrives in time cannot have waited for the ack wait. */
+const longAckWaitMs = 600_000;
+
+describe("NATS consumers of the control plane", () => {
+  let operator: OperatorServer;
+  const open: NatsConnection[] = [];
+  const connectAs = async (grant: Omit<UserGrant, "userPublicKey">): Promise<NatsConnection> => {
+    const key = newUserKey();
+    const jwt = await userJwt(operator.authority, { ...grant, userPublicKey: key.publicKey });
+    const nc = await connect({
+      servers: operator.url,
+      authenticator: jwtAuthenticator(jwt, new TextEncoder().encode(key.seed)),
+      reconnect: false,
+    });
+    open.push(nc);
+    return nc;
+  };
+  const asNode = (node: string) => connectAs({ name: node, role: "node", node });
+  /** A control plane's bus on a connection of its own, with its connection (to cut it as a crash would). */
+  const controlBus = async () => {
+    const nc = await connectAs({ name: "control", role: "control" });
+    return { nc, bus: new NatsControlBus(nc, quiet, { ackWaitMs: longAckWaitMs, keepForMs: 86_400_000 }) };
+  };
+  let admin: JetStreamManager;
+  const consumersOf = async (stream: string): Promise<string[]> => {
+    const names: string[] = [];
+    for await (const info of admin.consumers.list(stream)) names.push(info.name);
+    return names.sort();
+  };
+  const held = async (stream: string) => (await admin.streams.info(stream)).state.messages;
+
+  before(async () => {
+    operator = await startOperatorServer();
+    admin = await jetstreamManager(await connectAs({ name: "admin", role: "control" }));
+  });
+  after(async () => {
+    for (const nc of open) if (!nc.isClosed()) await nc.close();
+    await operator.stop();
+  });
+
+  test("NATS consumers — a backlog is acknowledged a batch at a time, and the streams are left empty", async () => {
+    const { bus } = await controlBus();
+    await bus.assert();
+    const node = await asNode("ack-1");
+    for (let i = 0; i < 500; i++) node.publish(controlSubject("report", "ack-1"), `report ${i}`);
+    await node.flush();
+    await eventually("the backlog in the stream", async () =>
+      (await held(controlStream)) >= 3 ? true : undefined,
+    );
+    const backlog = await held(controlStream);
+    // The acknowledgements, as a privileged observer of the account sees them go to the broker.
+    const key = newUserKey();
+    const observer = await connect({
+      servers: operator.url,
+      authenticator: jwtAuthenticator(
+        await encodeUser(
+          "observer",
+          key.publicKey,
+          fastSigner(operator.authority.account),
+          { pub: { allow: [">"] }, sub: { allow: [">"] } },
+          { algorithm: Algorithms.v2 },
+        ),
+        new TextEncoder().encode(key.seed),
+      ),
+      reconnect: false,
+    });
+    open.push(observer);
+    let acknowledgements = 0;
+    observer.subscribe(`$JS.ACK.${controlStream}.>`, {
+      callback: () => {
+        acknowledgements++;
+      },
+    });
+    await observer.flush();
+    let taken = 0;
+    void bus.consumeControl((batch) => {
+      taken += batch.length;
+      return Promise.resolve(batch.map((): DeliveryOutcome => "done"));
+    });
+    await eventually("the backlog taken and acknowledged", async () =>
+      taken >= backlog && (await held(controlStream)) === 0 ? true : undefined,
+    );
+    await observer.flush();
+    assert.ok(acknowledgements > 0, "acknowledged");
+    assert.ok(
+      acknowledgements * 2 <= taken,
+      `${acknowledgements} acknowledgements for ${taken} reports: one a batch, not one a message`,
+    );
+    await bus.close();
+  });
+
+  test("NATS consumers — a control plane that dies holding messages it never acknowledged: the next is offered them at once", async () => {
+    const first = await controlBus();
+    await first.bus.assert();
+    const node = await asNode("died-1");
+    const taken: string[] = [];
+    void first.bus.consumeControl((batch) => {
+      taken.push(...batch.map((d) => Buffer.from(d.body).toString()));
+      // Never decided: the control plane dies first.
+      return new Promise<DeliveryOutcome[]>(() => undefined);
+    });
+    node.publish(controlSubject("report", "died-1"), "taken, never acknowledged");
+    await node.flush();
+    await eventually("the first to take the report", () =>
+      taken.includes("taken, never acknowledged") ? true : undefined,
+    );
+    const before = await consumersOf(controlStream);
+    // Its connection cut without a word, as a crash would: nothing it took was acknowledged.
+    await first.nc.close();
+
+    const next = await controlBus();
+    const got: ControlDelivery[] = [];
+    void next.bus.consumeControl((batch) => {
+      got.push(...batch);
+      return Promise.resolve(batch.map((): DeliveryOutcome => "done"));
+    });
+    // Within the test's patience, which is far shorter than the ack wait: only a consumer of its own explains it.
+    const again = await eventually("the report at the next control plane", () =>
+      got.find((d) => Buffer.from(d.body).toString() === "taken, never acknowledged"),
+    );
+    assert.equal(again.redelivered, true, "marked as offered before");
+    const after = await consumersOf(controlStream);
+    assert.equal(after.length, 1, `one consumer: ${after.join(", ")}`);
+    assert.ok(!before.includes(after[0] ?? ""), "the dead control plane's consumer is gone");
+    assert.equal((await consumersOf(aliveStream)).length, 1);
+    await eventually("the report acknowledged", async () =>
+      (await held(controlStream)) === 0 ? true : undefined,
+    );
+    await next.bus.close();
+  });
+
+  test("NATS consumers — a message handed back and then pushed out by its node's newer one does not hold back the acknowledgements after it", async () => {
+    const { bus } = await controlBus();
+    await bus.assert();
+    const pushedOut = await asNode("pushed-1");
+    const other = await asNode("pushed-2");
+    const taken: string[] = [];
+    let handedBack = false;
+    void bus.consumeControl((batch) => {
+      const outcomes = batch.map((d): DeliveryOutcome => {
+        const body = Buffer.from(d.body).toString();
+        taken.push(body);
+        if (body !== "first" || handedBack) return "done";
+        handedBack = true;
+        // The node's next alive takes the first one's place in the stream (one alive a node), well within the
+        // second before the broker would offer the first again.
+        pushedOut.publish(controlSubject("alive", "pushed-1"), "second");
+        return "retry";
+      });
+      return Promise.resolve(outcomes);
+    });
+    pushedOut.publish(controlSubject("alive", "pushed-1"), "first");
+    await pushedOut.flush();
+    await eventually("the first alive handed back", () => (handedBack ? true : undefined));
+    // Another node speaks on; its alives are taken, and in the end acknowledged, which the first one, owed and
+    // gone, must not prevent.
+    let sent = 0;
+    await eventually("the alive stream emptied", async () => {
+      other.publish(controlSubject("alive", "pushed-2"), `other ${sent++}`);
+      await other.flush();
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      return (await held(aliveStream)) === 0 ? true : undefined;
+    });
+    assert.ok(taken.includes("second"));
+    assert.equal(
+      taken.filter((body) => body === "first").length,
+      1,
+      "the first alive was gone, not offered again",
+    );
+    await bus.close();
+  });
+
+  test("NATS consumers — a stream of the earlier layout (work-queue retention) is emptied through its consumer and made again", async () => {
+    for (const stream of [controlStream, aliveStream]) await admin.streams.delete(stream);
+    // The streams and consumers as the control plane made them before.
+    const earlier = {
+      no_ack: true,
+      retention: RetentionPolicy.Workqueue,
+      storage: StorageType.File,
+      max_age: nanos(86_400_000),
+    };
+    await admin.streams.add({ ...earlier, name: controlStream, subjects: ["mesh.report.*"] });
+    await admin.streams.add({
+      ...earlier,
+      name: aliveStream,
+      subjects: ["mesh.alive.*"],
+      max_msgs_per_subject: 1,
+    });
+    for (const stream of [controlStream, aliveStream]) {
+      await admin.consumers.add(stream, {
+        durable_name: "control",
+        ack_policy: AckPolicy.Explicit,
+        deliver_policy: DeliverPolicy.All,
+        ack_wait: nanos(30_000),
+        max_ack_pending: 1024,
+      });
+    }
+    const node = await asNode("earlier-1");
+    for (let i = 0; i < 5; i++) node.publish(controlSubject("report", "earlier-1"), `backlog ${i}`);
+    node.publish(controlSubject("alive", "earlier-1"), "backlog alive");
+    await node.flush();
+    await eventually("the backlog in the earlier streams", async () =>
+      (await held(controlStream)) === 5 && (await held(aliveStream)) === 1 ? true : undefined,
+    );
+
+    const { bus } = await controlBus();
+    await bus.assert();
+    assert.equal(
+      (await admin.streams.info(controlStream)).config.retention,
+      RetentionPolicy.Workqueue,
+      "asserting keeps the backlog where it is",
+    );
+    const taken: string[] = [];
+    void bus.consumeControl((batch) => {
+      taken.push(...batch.map((d) => Buffer.from(d.body).toString()));
+      return Promise.resolve(batch.map((): DeliveryOutcome => "done"));
+    });
+    await eventually("the backlog taken", () => (taken.length >= 6 ? true : undefined));
+    assert.deepEqual(taken.filter((body) => body.startsWith("backlog ")).sort(), [
+      "backlog 0",
+      "backlog 1",
+      "backlog 2",
+      "backlog 3",
+      "backlog 4",
+      "backlog alive",
+    ]);
+    for (const stream of [controlStream, aliveStream]) {
+      await eventually(`${stream} made again`, async () => {
+        const info = await admin.streams.info(stream).catch(() => undefined);
+        const consumers = info === undefined ? [] : await consumersOf(stream);
+        return info?.config.retention === RetentionPolicy.Interest &&
+          consumers.length === 1 &&
+          consumers[0] !== "control"
+          ? true
+          : undefined;
+      });
+    }
+    // What the node sends now is taken, and acknowledged.
+    node.publish(controlSubject("report", "earlier-1"), "after");
+    await node.flush();
+    await eventually("the report sent after", () => (taken.includes("after") ? true : undefined));
+    await eventually("the stream emptied", async () =>
+      (await held(controlStream)) === 0 ? true : undefined,
+    );
+    await bus.close();
+  });
+});
