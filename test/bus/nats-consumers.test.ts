@@ -4,6 +4,8 @@
  * had taken comes at once to the next; and a stream of the earlier layout emptied and made again.
  */
 import assert from "node:assert/strict";
+import type { AddressInfo, Socket } from "node:net";
+import { connect as connectTcp, createServer } from "node:net";
 import { after, before, describe, test } from "node:test";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { connect, jwtAuthenticator } from "@nats-io/transport-node";
@@ -40,6 +42,24 @@ describe("NATS consumers of the control plane", () => {
     return nc;
   };
   const asNode = (node: string) => connectAs({ name: node, role: "node", node });
+  /** A test-only identity that may do anything in the account. */
+  const observer = async (): Promise<NatsConnection> => {
+    const key = newUserKey();
+    const jwt = await encodeUser(
+      "observer",
+      key.publicKey,
+      fastSigner(operator.authority.account),
+      { pub: { allow: [">"] }, sub: { allow: [">"] } },
+      { algorithm: Algorithms.v2 },
+    );
+    const nc = await connect({
+      servers: operator.url,
+      authenticator: jwtAuthenticator(jwt, new TextEncoder().encode(key.seed)),
+      reconnect: false,
+    });
+    open.push(nc);
+    return nc;
+  };
   /** A control plane's bus on a connection of its own, with its connection (to cut it as a crash would). */
   const controlBus = async () => {
     const nc = await connectAs({ name: "control", role: "control" });
@@ -73,29 +93,14 @@ describe("NATS consumers of the control plane", () => {
     );
     const backlog = await held(controlStream);
     // The acknowledgements, as a privileged observer of the account sees them go to the broker.
-    const key = newUserKey();
-    const observer = await connect({
-      servers: operator.url,
-      authenticator: jwtAuthenticator(
-        await encodeUser(
-          "observer",
-          key.publicKey,
-          fastSigner(operator.authority.account),
-          { pub: { allow: [">"] }, sub: { allow: [">"] } },
-          { algorithm: Algorithms.v2 },
-        ),
-        new TextEncoder().encode(key.seed),
-      ),
-      reconnect: false,
-    });
-    open.push(observer);
+    const watcher = await observer();
     let acknowledgements = 0;
-    observer.subscribe(`$JS.ACK.${controlStream}.>`, {
+    watcher.subscribe(`$JS.ACK.${controlStream}.>`, {
       callback: () => {
         acknowledgements++;
       },
     });
-    await observer.flush();
+    await watcher.flush();
     let taken = 0;
     void bus.consumeControl((batch) => {
       taken += batch.length;
@@ -104,7 +109,7 @@ describe("NATS consumers of the control plane", () => {
     await eventually("the backlog taken and acknowledged", async () =>
       taken >= backlog && (await held(controlStream)) === 0 ? true : undefined,
     );
-    await observer.flush();
+    await watcher.flush();
     assert.ok(acknowledgements > 0, "acknowledged");
     assert.ok(
       acknowledgements * 2 <= taken,
@@ -176,22 +181,102 @@ describe("NATS consumers of the control plane", () => {
     pushedOut.publish(controlSubject("alive", "pushed-1"), "first");
     await pushedOut.flush();
     await eventually("the first alive handed back", () => (handedBack ? true : undefined));
-    // Another node speaks on; its alives are taken, and in the end acknowledged, which the first one, owed and
-    // gone, must not prevent.
-    let sent = 0;
-    await eventually("the alive stream emptied", async () => {
-      other.publish(controlSubject("alive", "pushed-2"), `other ${sent++}`);
-      await other.flush();
-      await new Promise((resolve) => setTimeout(resolve, 200));
-      return (await held(aliveStream)) === 0 ? true : undefined;
-    });
-    assert.ok(taken.includes("second"));
+    // Another node speaks once; its alive is taken, and in the end acknowledged with the second, which the first,
+    // owed and gone, must not prevent — though nothing more arrives to set off a check.
+    other.publish(controlSubject("alive", "pushed-2"), "other");
+    await other.flush();
+    await eventually("both taken", () =>
+      taken.includes("second") && taken.includes("other") ? true : undefined,
+    );
+    assert.ok((await held(aliveStream)) > 0, "held back by the first, owed");
+    await eventually("the alive stream emptied", async () =>
+      (await held(aliveStream)) === 0 ? true : undefined,
+    );
     assert.equal(
       taken.filter((body) => body === "first").length,
       1,
       "the first alive was gone, not offered again",
     );
     await bus.close();
+  });
+
+  test("NATS consumers — deliveries lost on the way when the connection drops are not acknowledged unseen: a new consumer is offered them", async () => {
+    // The control plane reaches the broker through a relay that can lose what the broker sends, as a connection
+    // that drops with deliveries on the way does.
+    let losing = false;
+    const relayed = new Set<Socket>();
+    const relay = createServer((client) => {
+      const broker = connectTcp(Number(new URL(operator.url).port), "127.0.0.1");
+      relayed.add(client).add(broker);
+      client.on("data", (chunk) => broker.write(chunk));
+      broker.on("data", (chunk) => {
+        if (!losing) client.write(chunk);
+      });
+      for (const [one, other] of [
+        [client, broker],
+        [broker, client],
+      ] as const) {
+        one.on("error", () => other.destroy());
+        one.on("close", () => other.destroy());
+      }
+    });
+    await new Promise<void>((resolve) => relay.listen(0, "127.0.0.1", resolve));
+    const relayPort = (relay.address() as AddressInfo).port;
+    const key = newUserKey();
+    const jwt = await userJwt(operator.authority, {
+      name: "control",
+      role: "control",
+      userPublicKey: key.publicKey,
+    });
+    const nc = await connect({
+      servers: `127.0.0.1:${relayPort}`,
+      authenticator: jwtAuthenticator(jwt, new TextEncoder().encode(key.seed)),
+      reconnectTimeWait: 100,
+      maxReconnectAttempts: -1,
+    });
+    open.push(nc);
+    const bus = new NatsControlBus(nc, quiet, { ackWaitMs: longAckWaitMs, keepForMs: 86_400_000 });
+    try {
+      await bus.assert();
+      const taken = new Set<string>();
+      bus
+        .consumeControl((batch) => {
+          for (const d of batch) taken.add(Buffer.from(d.body).toString());
+          return Promise.resolve(batch.map((): DeliveryOutcome => "done"));
+        })
+        .catch((error: unknown) => assert.fail(`consuming failed: ${String(error)}`));
+      // Each report from a node of its own (a node's stream keeps a few of its reports).
+      const sender = await observer();
+      sender.publish(controlSubject("report", "lost-0"), "before");
+      await sender.flush();
+      await eventually("the first report taken", () => (taken.has("before") ? true : undefined));
+      // From now on, what the broker sends the control plane is lost on the way.
+      losing = true;
+      const sent = Array.from({ length: 600 }, (_, i) => `report ${i}`);
+      sent.forEach((body, i) => sender.publish(controlSubject("report", `lost-${i + 1}`), body));
+      await sender.flush();
+      const consumer = async () => {
+        for await (const info of admin.consumers.list(controlStream)) return info;
+        return undefined;
+      };
+      await eventually("the broker to send deliveries into the void", async () =>
+        ((await consumer())?.num_ack_pending ?? 0) > 0 ? true : undefined,
+      );
+      // The connection drops with them; the control plane connects again, and the broker sends on.
+      for (const socket of relayed) socket.destroy();
+      relayed.clear();
+      losing = false;
+      await eventually("every report taken", () =>
+        sent.every((body) => taken.has(body)) ? true : undefined,
+      );
+      await eventually("the stream emptied", async () =>
+        (await held(controlStream)) === 0 ? true : undefined,
+      );
+      assert.equal((await consumersOf(controlStream)).length, 1, "the consumer given up is gone");
+    } finally {
+      await bus.close();
+      await new Promise((resolve) => relay.close(resolve));
+    }
   });
 
   test("NATS consumers — a stream of the earlier layout (work-queue retention) is emptied through its consumer and made again", async () => {

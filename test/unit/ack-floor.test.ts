@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { DeliveryOutcome } from "../../src/bus/bus.js";
-import { AckFloor } from "../../src/bus/nats/ack-floor.js";
+import { AckFloor, DeliveryCount } from "../../src/bus/nats/ack-floor.js";
 
 const at = (...seqs: number[]) => seqs.map((seq) => ({ seq }));
 const all = (outcome: DeliveryOutcome, count: number): DeliveryOutcome[] =>
@@ -63,6 +63,25 @@ test("ack floor — a message done before and handed back when offered again is 
   assert.equal(floor.settle(at(2), ["retry"], 2).acknowledge, undefined);
   assert.equal(floor.settle(at(1), ["done"], 3).acknowledge?.seq, 2);
   assert.equal(floor.owing, 0);
+});
+
+test("ack floor — a message handed back at or below what was acknowledged is owed nothing (the broker took it as done)", () => {
+  const floor = new AckFloor<{ seq: number }>();
+  assert.equal(floor.settle(at(1, 2, 3), all("done", 3), 0).acknowledge?.seq, 3);
+  // 2 was offered again before the acknowledgement reached the broker, and this time handed back.
+  const again = floor.settle(at(2), ["retry"], 1);
+  assert.deepEqual(again.handBack, []);
+  assert.equal(floor.owing, 0);
+  assert.equal(floor.settle(at(4), ["done"], 2).acknowledge?.seq, 4, "nothing holds the next one back");
+});
+
+test("delivery count — a number skipped is a delivery that never arrived", () => {
+  const count = new DeliveryCount();
+  assert.equal(count.arrived(1), true);
+  assert.equal(count.arrived(2), true);
+  assert.equal(count.arrived(4), false, "3 never arrived");
+  assert.equal(count.arrived(5), true);
+  assert.equal(new DeliveryCount().arrived(2), false, "the first one never arrived");
 });
 
 /** A small deterministic generator (mulberry32), so a failing case can be run again. */

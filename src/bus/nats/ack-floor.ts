@@ -18,6 +18,8 @@ export class AckFloor<M extends Sequenced> {
   private readonly owed = new Map<number, number>();
   /** The done message furthest along the stream, not acknowledged yet. */
   private held: M | undefined;
+  /** How far along the stream the acknowledgements reached: the broker takes everything up to it as done. */
+  private acknowledged = 0;
 
   /** How many messages are owed. */
   get owing(): number {
@@ -38,10 +40,12 @@ export class AckFloor<M extends Sequenced> {
       if (outcomes[i] === "done") {
         this.owed.delete(message.seq);
         if (this.held === undefined || message.seq > this.held.seq) this.held = message;
-      } else {
+      } else if (message.seq > this.acknowledged) {
         this.owed.set(message.seq, now);
         handBack.push(message);
       }
+      // Handed back at or below what was acknowledged: the broker took it as done already (it was offered again
+      // before the acknowledgement reached it), and would ignore its handing back; it is owed nothing.
     });
     return { acknowledge: this.release(), handBack };
   }
@@ -70,6 +74,24 @@ export class AckFloor<M extends Sequenced> {
     for (const seq of this.owed.keys()) if (seq < held.seq) return undefined;
     this.owed.delete(held.seq);
     this.held = undefined;
+    this.acknowledged = Math.max(this.acknowledged, held.seq);
     return held;
+  }
+}
+
+/**
+ * Whether every delivery of a consumer arrived. The broker numbers each delivery to a consumer, a message offered
+ * again included, one after another; with one client taking them, a number skipped is a delivery that never
+ * arrived (the connection dropped with it on the way). The broker holds it as taken and unacknowledged, and an
+ * acknowledgement covering it would make it done without anyone having seen it.
+ */
+export class DeliveryCount {
+  private next = 1;
+
+  /** Counts a delivery by its number; false when one before it never arrived. */
+  arrived(deliverySequence: number): boolean {
+    const whole = deliverySequence === this.next;
+    this.next = deliverySequence + 1;
+    return whole;
   }
 }

@@ -46,7 +46,7 @@ import { Arrivals } from "../batches.js";
 import type { ControlBus, ControlDelivery, ControlHandler, EnrolAnswer, EnrolRequest } from "../bus.js";
 import { controlBatchMax } from "../bus.js";
 import { BusError } from "../errors.js";
-import { AckFloor } from "./ack-floor.js";
+import { AckFloor, DeliveryCount } from "./ack-floor.js";
 import { noAnswer } from "./connect.js";
 
 export const controlStream = "MESH_CONTROL";
@@ -89,7 +89,9 @@ export const defaultControlBusOptions: NatsControlBusOptions = {
 export class NatsControlBus implements ControlBus {
   private readonly js: JetStreamClient;
   private enrolments: Subscription | undefined;
-  private readonly consuming: ConsumerMessages[] = [];
+  private readonly consuming = new Set<ConsumerMessages>();
+  /** This control plane's consumer of each stream, once it consumes. */
+  private readonly ours = new Map<string, string>();
   /** Enrolments being answered; closing waits for them, so none is cut off between its reply and its revocation. */
   private readonly inFlight = new Set<Promise<void>>();
   /** The backlog's manager, whose questions wait `backlogTimeoutMs` at most. */
@@ -225,38 +227,73 @@ export class NatsControlBus implements ControlBus {
 
   /**
    * Consumes one stream through a consumer of this control plane's own, acknowledging a batch at a time. A stream
-   * of the earlier layout is emptied through its consumer first, and made again.
+   * of the earlier layout is emptied through its consumer first, and made again. Should a delivery never arrive
+   * (the connection dropped with it), the consumer is given up for a new one, offered all not acknowledged.
    */
   private async consumeStream(
     stream: string,
     kind: ControlDelivery["kind"],
     handle: ControlHandler,
   ): Promise<void> {
-    const jsm = await this.jsm();
-    // Handed over by callback rather than iterated: a message costs the client one call instead of an async
-    // iterator's step, a share of the drain that is the consumer's own.
-    const arrivals = new Arrivals<JsMsg>();
-    let opened: { messages: ConsumerMessages; deliveredBefore: number } | undefined;
     try {
+      const jsm = await this.jsm();
       const info = await jsm.streams.info(stream);
       if (info.config.retention === RetentionPolicy.Workqueue)
-        await this.takeEarlierLayout(stream, kind, handle);
-      if (this.closing) return;
-      const { name, deliveredBefore } = await this.openConsumer(stream);
-      if (this.closing) return;
-      const consumer = await this.js.consumers.get(stream, name);
-      const messages = await consumer.consume({
-        max_messages: controlBatchMax,
-        callback: (msg) => arrivals.push(msg),
-      });
-      opened = { messages, deliveredBefore };
+        await this.takeEarlierLayout(stream, kind, handle, info.state.last_seq);
     } catch (error) {
       // Closed while starting: the connection is draining, and there is nothing to consume.
       if (!this.closing) throw error;
     }
-    if (opened === undefined) return;
-    const { messages, deliveredBefore } = opened;
-    this.consuming.push(messages);
+    while (!this.closing) {
+      if ((await this.consumeOnce(stream, kind, handle)) === "ended") return;
+      this.log.warn("control.delivery_lost", {
+        stream,
+        note: "a delivery never arrived (the connection dropped with it): a new consumer is offered all not acknowledged",
+      });
+    }
+  }
+
+  /**
+   * One consumer's life: until the bus closes (`ended`), or until a delivery is found not to have arrived (`lost`).
+   * A consumer removed by someone else ends it with an error: another control plane has started consuming.
+   */
+  private async consumeOnce(
+    stream: string,
+    kind: ControlDelivery["kind"],
+    handle: ControlHandler,
+  ): Promise<"ended" | "lost"> {
+    // Handed over by callback rather than iterated: a message costs the client one call instead of an async
+    // iterator's step, a share of the drain that is the consumer's own.
+    const arrivals = new Arrivals<JsMsg>();
+    const count = new DeliveryCount();
+    let lost = false;
+    let opened: { name: string; messages: ConsumerMessages; deliveredBefore: number } | undefined;
+    try {
+      const { name, deliveredBefore } = await this.openConsumer(stream);
+      if (this.closing) return "ended";
+      const consumer = await this.js.consumers.get(stream, name);
+      const messages = await consumer.consume({
+        max_messages: controlBatchMax,
+        // A consumer removed ends the consuming, rather than waiting for it to come back.
+        abort_on_missing_resource: true,
+        callback: (msg) => {
+          if (lost) return;
+          if (!count.arrived(msg.info.deliverySequence)) {
+            lost = true;
+            arrivals.end();
+            return;
+          }
+          arrivals.push(msg);
+        },
+      });
+      opened = { name, messages, deliveredBefore };
+    } catch (error) {
+      if (!this.closing) throw error;
+    }
+    if (opened === undefined) return "ended";
+    const { name, messages, deliveredBefore } = opened;
+    this.ours.set(stream, name);
+    this.consuming.add(messages);
     if (this.closing) await messages.close();
     let failure: Error | undefined;
     void messages.closed().then(
@@ -270,19 +307,42 @@ export class NatsControlBus implements ControlBus {
       },
     );
     const floor = new AckFloor<JsMsg>();
-    let checkedAt = Date.now();
-    for await (const batch of arrivals.batches(controlBatchMax)) {
-      // Offered to an earlier consumer up to `deliveredBefore`: such a message is offered again.
-      const outcomes = await handle(batch.map((msg) => deliveryOf(msg, kind, msg.seq <= deliveredBefore)));
-      const { acknowledge, handBack } = floor.settle(batch, outcomes, Date.now());
-      for (const msg of handBack) msg.nak(handBackDelayMs);
-      acknowledge?.ack();
-      if (floor.owing > 0 && Date.now() - checkedAt >= owedCheckEveryMs) {
-        checkedAt = Date.now();
-        await this.forgetGone(jsm, stream, floor);
+    const jsm = await this.jsm();
+    // Messages handed back may be pushed out of the stream meanwhile: asked after every so often, whether batches
+    // come or not (held acknowledgements may have stopped the broker offering more).
+    let checking = false;
+    const check = setInterval(() => {
+      if (this.closing) return clearInterval(check);
+      if (checking || floor.owing === 0 || lost) return;
+      checking = true;
+      void this.forgetGone(jsm, stream, floor).finally(() => (checking = false));
+    }, owedCheckEveryMs);
+    // Never what keeps a process alive.
+    check.unref();
+    try {
+      for await (const batch of arrivals.batches(controlBatchMax)) {
+        // Offered to an earlier consumer up to `deliveredBefore`: such a message is offered again.
+        const outcomes = await handle(batch.map((msg) => deliveryOf(msg, kind, msg.seq <= deliveredBefore)));
+        // Once a delivery is lost, nothing more is acknowledged through this consumer: it is given up.
+        if (lost) break;
+        const { acknowledge, handBack } = floor.settle(batch, outcomes, Date.now());
+        for (const msg of handBack) msg.nak(handBackDelayMs);
+        acknowledge?.ack();
       }
+    } finally {
+      clearInterval(check);
+      this.consuming.delete(messages);
     }
-    if (failure !== undefined) throw failure;
+    if (lost) {
+      await messages.close();
+      return "lost";
+    }
+    if (failure !== undefined && !this.closing) {
+      throw new BusError("broker", `consuming ${stream} through ${name} ended: ${errorText(failure)}`, {
+        cause: failure,
+      });
+    }
+    return "ended";
   }
 
   /**
@@ -294,7 +354,10 @@ export class NatsControlBus implements ControlBus {
    */
   private async openConsumer(stream: string): Promise<{ name: string; deliveredBefore: number }> {
     const jsm = await this.jsm();
-    const before = await consumersOf(jsm, stream);
+    // The control plane's own, earlier ones: a consumer someone else made on the stream is left alone.
+    const before = (await consumersOf(jsm, stream)).filter(
+      ({ name }) => name === controlConsumer || name.startsWith(`${controlConsumer}-`),
+    );
     const config = this.consumerConfig();
     await jsm.consumers.add(stream, config);
     for (const { name } of before) {
@@ -315,7 +378,7 @@ export class NatsControlBus implements ControlBus {
   private async forgetGone(jsm: JetStreamManager, stream: string, floor: AckFloor<JsMsg>): Promise<void> {
     const gone: number[] = [];
     try {
-      for (const seq of floor.owedLongerThan(owedCheckEveryMs, Date.now())) {
+      for (const seq of floor.owedLongerThan(2 * handBackDelayMs, Date.now())) {
         if ((await jsm.streams.getMessage(stream, { seq })) === null) gone.push(seq);
       }
     } catch (error) {
@@ -326,21 +389,24 @@ export class NatsControlBus implements ControlBus {
 
   /**
    * Empties a stream made by an earlier layout (work-queue retention, which takes acknowledgements one message at
-   * a time and cannot be changed in place) through its consumer, and makes it again as this code does. A node's
-   * message sent between the last one taken and the stream made again is lost: a report is sent again until its
-   * receipt comes, and an alive comes again anyway.
+   * a time and cannot be changed in place) through its consumer, and makes it again as this code does. Emptied
+   * means: nothing waits, or everything up to what the stream held when this began (`until`) was offered and
+   * acknowledged — nodes that keep sending would otherwise keep it from ever being empty. What nodes send between
+   * then and the stream made again with its consumer is lost: a report is sent again until its receipt comes, and
+   * an alive comes again anyway.
    */
   private async takeEarlierLayout(
     stream: string,
     kind: ControlDelivery["kind"],
     handle: ControlHandler,
+    until: number,
   ): Promise<void> {
     const jsm = await this.jsm();
     const consumer = await this.js.consumers.get(stream, controlConsumer);
     let taken = 0;
     while (!this.closing) {
-      const { num_pending: pending, num_ack_pending: unacknowledged } = await consumer.info();
-      if (pending + unacknowledged === 0) break;
+      const info = await consumer.info();
+      if (info.num_ack_pending === 0 && (info.num_pending === 0 || info.delivered.stream_seq >= until)) break;
       const batch: JsMsg[] = [];
       for await (const msg of await consumer.fetch({ max_messages: controlBatchMax, expires: 1000 }))
         batch.push(msg);
@@ -355,13 +421,15 @@ export class NatsControlBus implements ControlBus {
       taken += batch.length;
     }
     if (this.closing) return;
+    const left = (await jsm.streams.info(stream)).state.messages;
     await jsm.streams.delete(stream);
     await ensureStream(jsm, this.streamConfig(stream));
     await jsm.consumers.add(stream, this.consumerConfig());
-    this.log.info("broker.stream_remade", {
+    this.log.warn("broker.stream_remade", {
       stream,
       taken,
-      note: "made by an earlier layout; emptied first, and made again with one acknowledgement per batch",
+      dropped: left,
+      note: "made by an earlier layout: emptied and made again; nodes send dropped reports again",
     });
   }
 
@@ -388,9 +456,17 @@ export class NatsControlBus implements ControlBus {
     // No API check on opening: the question itself is the check, and it is asked every second or so.
     this.manager ??= await jetstreamManager(this.nc, { checkAPI: false, timeout: backlogTimeoutMs });
     let waiting = 0;
-    // Under interest retention a stream holds what its consumer has not acknowledged, and nothing else.
-    for (const stream of [controlStream, aliveStream])
-      waiting += (await this.manager.streams.info(stream)).state.messages;
+    for (const stream of [controlStream, aliveStream]) {
+      // This control plane's consumer once it consumes (one gone is an answer too: it hears nothing); before,
+      // what the stream holds, which is what no consumer acknowledged.
+      const ours = this.ours.get(stream);
+      if (ours === undefined) {
+        waiting += (await this.manager.streams.info(stream)).state.messages;
+        continue;
+      }
+      const info = await this.manager.consumers.info(stream, ours);
+      waiting += info.num_pending + info.num_ack_pending;
+    }
     return waiting;
   }
 
