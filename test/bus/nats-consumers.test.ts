@@ -30,16 +30,22 @@ const longAckWaitMs = 600_000;
 describe("NATS consumers of the control plane", () => {
   let operator: OperatorServer;
   const open: NatsConnection[] = [];
-  const connectAs = async (grant: Omit<UserGrant, "userPublicKey">): Promise<NatsConnection> => {
-    const key = newUserKey();
-    const jwt = await userJwt(operator.authority, { ...grant, userPublicKey: key.publicKey });
+  /** Connects straight to the server as the user of this JWT and seed. */
+  const connectWith = async (jwt: string, seed: string): Promise<NatsConnection> => {
     const nc = await connect({
       servers: operator.url,
-      authenticator: jwtAuthenticator(jwt, new TextEncoder().encode(key.seed)),
+      authenticator: jwtAuthenticator(jwt, new TextEncoder().encode(seed)),
       reconnect: false,
     });
     open.push(nc);
     return nc;
+  };
+  const connectAs = async (grant: Omit<UserGrant, "userPublicKey">): Promise<NatsConnection> => {
+    const key = newUserKey();
+    return connectWith(
+      await userJwt(operator.authority, { ...grant, userPublicKey: key.publicKey }),
+      key.seed,
+    );
   };
   const asNode = (node: string) => connectAs({ name: node, role: "node", node });
   /** A test-only identity that may do anything in the account. */
@@ -52,13 +58,7 @@ describe("NATS consumers of the control plane", () => {
       { pub: { allow: [">"] }, sub: { allow: [">"] } },
       { algorithm: Algorithms.v2 },
     );
-    const nc = await connect({
-      servers: operator.url,
-      authenticator: jwtAuthenticator(jwt, new TextEncoder().encode(key.seed)),
-      reconnect: false,
-    });
-    open.push(nc);
-    return nc;
+    return connectWith(jwt, key.seed);
   };
   /** A control plane's bus on a connection of its own, with its connection (to cut it as a crash would). */
   const controlBus = async () => {
