@@ -79,6 +79,13 @@ describe("NATS consumers of the control plane", () => {
     for await (const info of admin.consumers.list(stream)) names.push(info.name);
     return names.sort();
   };
+  /** What `question` answers, or undefined when the stream it asks about is not there; any other error is thrown. */
+  const whileThere = <T>(question: Promise<T>): Promise<T | undefined> =>
+    question.catch((error: unknown) => {
+      if (error instanceof JetStreamApiError && error.code === JetStreamApiCodes.StreamNotFound)
+        return undefined;
+      throw error;
+    });
   const held = async (stream: string) => (await admin.streams.info(stream)).state.messages;
 
   before(async () => {
@@ -290,10 +297,7 @@ describe("NATS consumers of the control plane", () => {
   test("NATS consumers — a stream of the earlier layout (work-queue retention) is emptied through its consumer and made again", async () => {
     // Whatever earlier tests made goes first: the streams are made here as the earlier code made them.
     for (const stream of [controlStream, aliveStream]) {
-      await admin.streams.delete(stream).catch((error: unknown) => {
-        if (!(error instanceof JetStreamApiError && error.code === JetStreamApiCodes.StreamNotFound))
-          throw error;
-      });
+      await whileThere(admin.streams.delete(stream));
     }
     // The streams and consumers as the control plane made them before.
     const earlier = {
@@ -349,10 +353,11 @@ describe("NATS consumers of the control plane", () => {
     ]);
     for (const stream of [controlStream, aliveStream]) {
       await eventually(`${stream} made again`, async () => {
-        const info = await admin.streams.info(stream).catch(() => undefined);
-        const consumers = info === undefined ? [] : await consumersOf(stream);
+        // The stream may be gone between the two questions while it is made again: then it is not made yet.
+        const info = await whileThere(admin.streams.info(stream));
+        const consumers = info === undefined ? undefined : await whileThere(consumersOf(stream));
         return info?.config.retention === RetentionPolicy.Interest &&
-          consumers.length === 1 &&
+          consumers?.length === 1 &&
           consumers[0] !== "control"
           ? true
           : undefined;
