@@ -4,7 +4,7 @@
  *
  *   npm run bench -- [--nodes 1000] [--broker nats|amqp]
  *                    [--only enrolment,steady,fanout,convergence,plan,ingest,failover]
- *                    [--steady-window 60] [--alive-every 15] [--reports-per-node 19] [--ingest-trials 3]
+ *                    [--steady-window 60] [--alive-every 15] [--reports-per-node 19] [--ingest-trials 3, 7 on amqp]
  *                    [--join-concurrency N]
  *                    [--plan-fleet 10000] [--trials N --ttl 15s --renew 5s --margin 3s] [--profile]
  */

@@ -20,6 +20,14 @@ describe("bench arguments and table", () => {
     assert.equal(options.failover.trials, 3);
     assert.equal(options.joinConcurrency, 20);
     assert.equal(options.rounds, 3);
+    assert.equal(options.ingestTrials, 3);
+  });
+
+  test("bench args — ingest drains seven times on RabbitMQ unless told, whose drains swing the most", () => {
+    assert.equal(parseBenchArgs(["--broker", "amqp"]).ingestTrials, 7);
+    assert.equal(parseBenchArgs(["--broker", "amqp", "--ingest-trials", "3"]).ingestTrials, 3);
+    assert.equal(parseBenchArgs(["--ingest-trials", "5"]).ingestTrials, 5);
+    assert.throws(() => parseBenchArgs(["--ingest-trials", "0"]), /--ingest-trials: "0"/);
   });
 
   test("bench args — --only keeps the table's order; failover alone runs its full trials", () => {
