@@ -10,20 +10,12 @@ import { after, before, describe, test } from "node:test";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { connect, jwtAuthenticator } from "@nats-io/transport-node";
 import type { JetStreamManager } from "@nats-io/jetstream";
-import {
-  AckPolicy,
-  DeliverPolicy,
-  JetStreamApiCodes,
-  JetStreamApiError,
-  jetstreamManager,
-  RetentionPolicy,
-  StorageType,
-} from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, jetstreamManager, RetentionPolicy, StorageType } from "@nats-io/jetstream";
 import { Algorithms, encodeUser } from "@nats-io/jwt";
 import type { ControlDelivery, DeliveryOutcome } from "../../src/bus/index.js";
 import type { UserGrant } from "../../src/bus/nats/authority.js";
 import { fastSigner, newUserKey, userJwt } from "../../src/bus/nats/authority.js";
-import { aliveStream, controlStream, NatsControlBus } from "../../src/bus/nats/control-bus.js";
+import { aliveStream, controlStream, isNotFound, NatsControlBus } from "../../src/bus/nats/control-bus.js";
 import { controlSubject } from "../../src/link/index.js";
 import { createLogger } from "../../src/log.js";
 import type { OperatorServer } from "../support/nats.js";
@@ -82,8 +74,7 @@ describe("NATS consumers of the control plane", () => {
   /** What `question` answers, or undefined when the stream it asks about is not there; any other error is thrown. */
   const whileThere = <T>(question: Promise<T>): Promise<T | undefined> =>
     question.catch((error: unknown) => {
-      if (error instanceof JetStreamApiError && error.code === JetStreamApiCodes.StreamNotFound)
-        return undefined;
+      if (isNotFound(error)) return undefined;
       throw error;
     });
   const held = async (stream: string) => (await admin.streams.info(stream)).state.messages;

@@ -579,7 +579,7 @@ function streamRefused(config: Partial<StreamConfig> & { name: string }, error: 
 }
 
 /** The stream does not exist yet: the API answers with code 10059 (the client's StreamNotFoundError). */
-function isNotFound(error: unknown): boolean {
+export function isNotFound(error: unknown): boolean {
   return error instanceof JetStreamApiError && error.code === JetStreamApiCodes.StreamNotFound;
 }
 
