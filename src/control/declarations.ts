@@ -5,11 +5,11 @@
 import type { ControlBus } from "../bus/index.js";
 import { MeshError } from "../errors.js";
 import type { SigningIdentity } from "../keys/index.js";
-import { sealDeclarationOffThread } from "../keys/index.js";
+import { sealDeclarationsOffThread } from "../keys/index.js";
 import type { DeclaredItem, UnitContents } from "../link/index.js";
 import { checkContents, declarationEncoder, envelopeText, unitContentsSchema } from "../link/index.js";
 import { errorText } from "../log.js";
-import type { Store } from "../store/index.js";
+import type { MeshEvent, Store } from "../store/index.js";
 import { parseOperatorFile } from "./operator-file.js";
 
 /** Reads what an operator declares for nodes (`mesh declare -f FILE`): YAML or JSON, a unit's contents. */
@@ -42,6 +42,12 @@ export interface SentDeclaration {
 /** How many declarations are signed, recorded and sent together: the first nodes hear while the rest are signed. */
 export const declarationChunk = 250;
 
+/**
+ * How many chunks are being signed while one is recorded and sent. Two: signing a chunk on one thread takes about as
+ * long as recording and sending one, so with one chunk ahead each waited for the other.
+ */
+const sealedAhead = 2;
+
 /** What one node is to be sent: its composition (`composeFleet`). */
 export interface Composed {
   node: string;
@@ -53,10 +59,10 @@ export interface Composed {
 /**
  * Sends each node its composed declaration. Every node is checked first (an unknown or retired one refuses the
  * whole batch, so nothing is started) and every sequence is allocated in one transaction; then the nodes are taken
- * a chunk at a time: each envelope signed over its own bytes, the chunk recorded, sent with one wait for the broker,
- * and its sending put in the audit trail. Recorded before sent, so a node that missed its declaration gets it again
- * when its alive says it holds an older one. Should a chunk fail, the error says how many nodes the declaration
- * reached before it.
+ * a chunk at a time: each envelope signed over its own bytes (the next chunks on the signing threads meanwhile), the
+ * chunk recorded, sent with one wait for the broker, and its sending put in the audit trail (with the next chunk's
+ * record). Recorded before sent, so a node that missed its declaration gets it again when its alive says it holds an
+ * older one. Should a chunk fail, the error says how many nodes the declaration reached before it.
  */
 export async function sendDeclarations(
   context: DeclareContext,
@@ -80,7 +86,7 @@ export async function sendDeclarations(
   const issuedAt = context.now().toISOString();
   // One encoder per composition: its items are checked once, however many nodes hold it.
   const encoders = new Map<string, ReturnType<typeof declarationEncoder>>();
-  const compose = async (node: string) => {
+  const compose = (node: string) => {
     const sequence = sequences.get(node);
     const target = byNode.get(node);
     if (sequence === undefined || target === undefined)
@@ -92,45 +98,70 @@ export async function sendDeclarations(
     }
     // Checked as it is encoded; the signature covers these bytes exactly, and the node verifies them before it
     // parses anything.
-    const bytes = encode({ node, epoch, sequence, issued_at: issuedAt });
-    const { privateKey, fingerprint } = context.signing;
-    const envelope = envelopeText(await sealDeclarationOffThread(bytes, privateKey, fingerprint));
-    return { node, sequence, envelope, target };
+    return { node, sequence, target, bytes: encode({ node, epoch, sequence, issued_at: issuedAt }) };
   };
   /** A chunk's declarations sealed, or why they could not be: never a rejection left unawaited. */
-  const seal = (start: number) =>
-    Promise.all(names.slice(start, start + declarationChunk).map(compose)).then(
-      (composed) => ({ composed }),
-      (error: unknown) => ({ error }),
-    );
+  const seal = async (start: number) => {
+    try {
+      const chunk = names.slice(start, start + declarationChunk).map(compose);
+      const { privateKey, fingerprint } = context.signing;
+      const envelopes = await sealDeclarationsOffThread(
+        chunk.map(({ bytes }) => bytes),
+        privateKey,
+        fingerprint,
+      );
+      const composed = chunk.map(({ node, sequence, target }, i) => {
+        const envelope = envelopes[i];
+        if (envelope === undefined) throw new MeshError("internal", `no envelope was sealed for ${node}`);
+        return { node, sequence, target, envelope: envelopeText(envelope) };
+      });
+      return { composed };
+    } catch (error) {
+      return { error };
+    }
+  };
   const sent: SentDeclaration[] = [];
   /** The chunk recorded but not yet sent: its nodes get it when their alives say they hold an older one. */
   let recorded: string[] = [];
+  /**
+   * The sending of the chunk sent last, for the audit trail: written in one transaction with the next chunk's
+   * declarations (a roll-out's commits halved), or on its own after the last chunk or a failure.
+   */
+  let unlogged: MeshEvent[] = [];
   try {
-    // The next chunk is signed on the thread pool while this one is recorded and sent.
-    let sealing = seal(0);
+    // The next chunks are signed on the signing threads while this one is recorded and sent.
+    const sealing = [];
+    for (let ahead = 0; ahead < sealedAhead && ahead * declarationChunk < names.length; ahead++)
+      sealing.push(seal(ahead * declarationChunk));
     for (let start = 0; start < names.length; start += declarationChunk) {
-      const sealed = await sealing;
+      const sealed = await sealing.shift();
+      if (sealed === undefined) throw new MeshError("internal", `chunk ${start} was not sealed`);
       if ("error" in sealed) throw sealed.error;
       const { composed } = sealed;
-      if (start + declarationChunk < names.length) sealing = seal(start + declarationChunk);
+      const next = start + sealedAhead * declarationChunk;
+      if (next < names.length) sealing.push(seal(next));
       if (context.gate !== undefined && !(await context.gate())) {
         throw new MeshError(
           "lease_moved",
           `the lease no longer stands at epoch ${epoch} (it moved on, or this command's own lapsed)`,
         );
       }
-      await store.declarations.recordMany(
-        composed.map(({ node, sequence, envelope, target }) => ({
-          node,
-          sequence,
-          epoch,
-          issuedAt,
-          digest: target.digest,
-          envelope,
-          units: target.units,
-        })),
-      );
+      const logging = unlogged;
+      await store.transaction(async (tx) => {
+        await tx.declarations.recordMany(
+          composed.map(({ node, sequence, envelope, target }) => ({
+            node,
+            sequence,
+            epoch,
+            issuedAt,
+            digest: target.digest,
+            envelope,
+            units: target.units,
+          })),
+        );
+        await tx.events.recordMany(logging);
+      });
+      unlogged = [];
       recorded = composed.map(({ node }) => node);
       await context.bus.publishDeclarations(
         composed.map(({ node, envelope }) => ({ node, envelope: Buffer.from(envelope) })),
@@ -138,19 +169,33 @@ export async function sendDeclarations(
       recorded = [];
       for (const { node, sequence, target } of composed)
         sent.push({ node, sequence, epoch, digest: target.digest });
-      await store.events.recordMany(
-        composed.map(({ node, sequence, target }) => ({
-          at: issuedAt,
-          kind: "declaration.sent",
-          node,
-          epoch,
-          detail: { sequence, digest: target.digest, items: target.items.length },
-        })),
-      );
+      unlogged = composed.map(({ node, sequence, target }) => ({
+        at: issuedAt,
+        kind: "declaration.sent",
+        node,
+        epoch,
+        detail: { sequence, digest: target.digest, items: target.items.length },
+      }));
     }
+    await store.events.recordMany(unlogged);
   } catch (error) {
+    // The chunk sent last goes into the audit trail whatever failed after it; should that fail too, both are told.
+    const unlogging =
+      unlogged.length === 0
+        ? undefined
+        : await store.events.recordMany(unlogged).then(
+            () => undefined,
+            (failure: unknown) => failure,
+          );
     if (sent.length === 0 && recorded.length === 0) throw error;
-    throw new DeclaredInPart(partly(names.length, sent, recorded, error), recorded, { cause: error });
+    const told = partly(names.length, sent, recorded, error);
+    throw new DeclaredInPart(
+      unlogging === undefined
+        ? told
+        : `${told}; the sending of the last ${unlogged.length} is not in the audit trail: ${errorText(unlogging)}`,
+      recorded,
+      { cause: error },
+    );
   }
   return sent;
 }

@@ -28,6 +28,8 @@ export {
   openDeclarationOffThread,
   sealDeclaration,
   sealDeclarationOffThread,
+  sealDeclarationsOffThread,
+  batchSigningFrom,
 } from "./envelope.js";
 export type { DeclarationEnvelope, SealedDeclaration } from "./envelope.js";
 export { generateOverlayKeyPair, overlayKeyLength, overlayPublicKeyOf } from "./overlay.js";

@@ -230,7 +230,7 @@ export function decodeSigningPrivateKey(pem: string): KeyObject {
   return privateKey;
 }
 
-function requireEd25519(key: KeyObject, type: "public" | "private"): void {
+export function requireEd25519(key: KeyObject, type: "public" | "private"): void {
   if (key.type !== type || key.asymmetricKeyType !== "ed25519") {
     throw new KeyError(
       `expected an Ed25519 ${type} key, got a ${key.asymmetricKeyType ?? "symmetric"} ${key.type} key`,

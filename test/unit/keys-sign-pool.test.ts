@@ -1,0 +1,145 @@
+/**
+ * Signing a batch on signing threads: the same signatures `sign` makes, in the batch's order however it is split,
+ * and a batch the threads could not finish fails with a clear error while the next one is signed by new threads.
+ */
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { generateKeyPairSync } from "node:crypto";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { after, describe, test } from "node:test";
+import { KeyError } from "../../src/errors.js";
+import {
+  batchSigningFrom,
+  fingerprint,
+  generateSigningKeyPair,
+  openDeclaration,
+  sealDeclarationsOffThread,
+  sign,
+} from "../../src/keys/index.js";
+import { SigningPool, signingThreads } from "../../src/keys/sign-pool.js";
+import { tempDir } from "../support/tmp.js";
+
+const key = generateSigningKeyPair();
+const encoder = new TextEncoder();
+const messages = (count: number, tag = "m") =>
+  Array.from({ length: count }, (_, i) => encoder.encode(`${tag}-${i}-${"x".repeat(i % 17)}`));
+
+describe("keys — signing threads", () => {
+  const pools: SigningPool[] = [];
+  const pool = (size: number) => {
+    const made = new SigningPool(key.privateKey, size);
+    pools.push(made);
+    return made;
+  };
+  after(async () => {
+    await Promise.all(pools.map((one) => one.stop()));
+  });
+
+  test("signing threads — every core but one, at least one and at most four", () => {
+    assert.deepEqual([1, 2, 3, 8, 64].map(signingThreads), [1, 1, 2, 4, 4]);
+  });
+
+  for (const [size, count] of [
+    [1, 5],
+    [2, 7],
+    [3, 2],
+    [3, 250],
+  ] as const) {
+    test(`signing threads — ${size} thread(s), ${count} messages: the signatures sign() makes, in order`, async () => {
+      const batch = messages(count, `s${size}`);
+      const signatures = await pool(size).signAll(batch);
+      assert.equal(signatures.length, count);
+      batch.forEach((message, i) => {
+        assert.deepEqual(Buffer.from(signatures[i] ?? []), Buffer.from(sign(message, key.privateKey)));
+      });
+    });
+  }
+
+  test("signing threads — an empty batch is signed by no thread", async () => {
+    assert.deepEqual(await pool(2).signAll([]), []);
+  });
+
+  test("signing threads — only an Ed25519 private key is taken", () => {
+    const rsa = generateKeyPairSync("rsa", { modulusLength: 1024 });
+    assert.throws(() => new SigningPool(rsa.privateKey), KeyError);
+    assert.throws(() => new SigningPool(key.publicKey), KeyError);
+  });
+
+  test("signing threads — stopped under a batch: that batch fails, the next is signed by new threads", async () => {
+    const signing = pool(2);
+    const batch = messages(20_000, "big");
+    const failed = signing.signAll(batch).then(
+      () => undefined,
+      (error: unknown) => error,
+    );
+    await signing.stop();
+    const failure = await failed;
+    assert.ok(failure instanceof KeyError, `the batch failed with a KeyError, not ${String(failure)}`);
+    assert.match(failure.message, /signing thread/);
+    const again = messages(3, "again");
+    const signatures = await signing.signAll(again);
+    assert.deepEqual(
+      Buffer.from(signatures[2] ?? []),
+      Buffer.from(sign(again[2] ?? new Uint8Array(), key.privateKey)),
+    );
+  });
+
+  for (const count of [batchSigningFrom - 1, batchSigningFrom]) {
+    test(`sealing ${count} declarations at once — each opens with the public key, in order`, async () => {
+      const declarations = messages(count, "declaration");
+      const envelopes = await sealDeclarationsOffThread(
+        declarations,
+        key.privateKey,
+        fingerprint(key.publicKey),
+      );
+      assert.equal(envelopes.length, count);
+      envelopes.forEach((envelope, i) => {
+        assert.deepEqual(openDeclaration(envelope, key.publicKey), declarations[i]);
+      });
+    });
+  }
+
+  test("sealing declarations at once — another key's fingerprint as the signer is refused before any is signed", async () => {
+    const other = generateSigningKeyPair();
+    await assert.rejects(
+      sealDeclarationsOffThread(messages(batchSigningFrom), key.privateKey, fingerprint(other.publicKey)),
+      (error: unknown) => error instanceof KeyError && /not the fingerprint/.test(error.message),
+    );
+  });
+
+  test("signing threads — a process that signed a batch on them ends on its own once its work is done", async () => {
+    const dir = tempDir("mesh-sign-pool-");
+    try {
+      const script = join(dir.path, "sign-and-end.mts");
+      const keys = new URL("../../src/keys/index.js", import.meta.url).pathname;
+      writeFileSync(
+        script,
+        `import { batchSigningFrom, fingerprint, generateSigningKeyPair, sealDeclarationsOffThread } from ${JSON.stringify(keys)};\n` +
+          "const key = generateSigningKeyPair();\n" +
+          "const batch = Array.from({ length: 4 * batchSigningFrom }, (_, i) => new TextEncoder().encode(`d${i}`));\n" +
+          "const envelopes = await sealDeclarationsOffThread(batch, key.privateKey, fingerprint(key.publicKey));\n" +
+          "process.stdout.write(`${envelopes.length} sealed\\n`);\n",
+      );
+      const child = spawn(process.execPath, ["--import", "tsx", script], {
+        stdio: ["ignore", "pipe", "pipe"],
+      });
+      let out = "";
+      child.stdout.on("data", (chunk: Buffer) => (out += chunk.toString("utf8")));
+      child.stderr.on("data", (chunk: Buffer) => (out += chunk.toString("utf8")));
+      // Generous: it ends in a second or two; a thread's port left holding the process would keep it forever.
+      const ended = await new Promise<number | null | "still running">((resolve) => {
+        const deadline = setTimeout(() => resolve("still running"), 60_000);
+        child.once("exit", (code) => {
+          clearTimeout(deadline);
+          resolve(code);
+        });
+      });
+      if (ended === "still running") child.kill("SIGKILL");
+      assert.equal(ended, 0, out);
+      assert.match(out, new RegExp(`^${4 * batchSigningFrom} sealed$`, "m"));
+    } finally {
+      dir.remove();
+    }
+  });
+});
