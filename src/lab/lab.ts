@@ -80,6 +80,10 @@ export class Lab {
   private joins: JoinOutcome[] = [];
   private whenStopped: Promise<void> | undefined;
   private stopping = false;
+  /** While held: let go by `release`. */
+  private held: { released: Promise<void>; release: () => void } | undefined;
+  /** Nodes whose next delivery reached them while the lab was held and waits to be let go. */
+  private waiting = 0;
 
   constructor(private readonly settings: LabSettings) {
     this.names = Array.from({ length: settings.nodes }, (_, i) =>
@@ -174,7 +178,7 @@ export class Lab {
         log: this.settings.log,
         storage: labNode.storage,
         ...(this.settings.root === undefined ? { applier: new MemoryApplier() } : {}),
-        openBus: opens.get(node) ?? openOwn(this.settings.log),
+        openBus: this.holdable(opens.get(node) ?? openOwn(this.settings.log)),
         ...(this.settings.onEvent === undefined
           ? {}
           : { onEvent: (event: AgentEvent) => this.settings.onEvent?.(node, event) }),
@@ -197,6 +201,56 @@ export class Lab {
       this.runs.push(run);
       await readied;
     });
+  }
+
+  /**
+   * Holds the fleet as if its machines were paused: the broker still delivers to every node, and what arrives waits,
+   * in order, until `release`. The nodes' alives go on. A roll-out sent to a held fleet is the control plane's
+   * alone: the simulated nodes verifying and applying beside it would otherwise share this machine's cores with it,
+   * which a fleet of real machines does not.
+   */
+  hold(): void {
+    if (this.held !== undefined) return;
+    let release: () => void = () => undefined;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    this.held = { released, release };
+  }
+
+  /**
+   * How many nodes have a delivery waiting to be let go. A node takes its deliveries one at a time: the first waits
+   * here, any later ones wait behind it at the broker connection.
+   */
+  heldNodes(): number {
+    return this.waiting;
+  }
+
+  /** Lets a held fleet go: each node then handles what reached it meanwhile, in the order it arrived. */
+  release(): void {
+    this.held?.release();
+    this.held = undefined;
+  }
+
+  /** A node's bus whose deliveries wait while the lab is held. */
+  private holdable(open: OpenNodeBus): OpenNodeBus {
+    return async (identity, seed) => {
+      const bus = await open(identity, seed);
+      return {
+        consumeNode: (handle) =>
+          bus.consumeNode(async (message) => {
+            const held = this.held;
+            if (held !== undefined) {
+              this.waiting++;
+              await held.released;
+              this.waiting--;
+            }
+            await handle(message);
+          }),
+        publishReport: (body) => bus.publishReport(body),
+        publishAlive: (body) => bus.publishAlive(body),
+        closed: () => bus.closed(),
+        close: () => bus.close(),
+      };
+    };
   }
 
   /** How many broker connections the running nodes share (shared mode), once started. */
@@ -282,6 +336,8 @@ export class Lab {
   stop(): Promise<void> {
     this.whenStopped ??= (async () => {
       this.stopping = true;
+      // A held node would never see its connection close.
+      this.release();
       await Promise.all([...this.nodes.values()].map((node) => node.agent?.stop() ?? Promise.resolve()));
       await Promise.all(this.runs);
       await Promise.all(this.connections.map((connection) => connection.close()));
