@@ -126,7 +126,7 @@ export class PlanWatch {
     this.wanted = false;
     await this.resendUnconfirmed();
     const rolloutStarted = performance.now();
-    // The process's CPU (every thread's: the signing pool's too) over the roll-out, logged beside its time: while it
+    // The process's CPU (every thread's: the signing threads' too) over the roll-out, logged beside its time: while it
     // sends, what nodes send waits (`rollingOut`), so this is the roll-out's own cost, whatever else shares the cores.
     const cpuBefore = process.cpuUsage();
     const rollout = await rollOut(this.context, epoch);

@@ -56,19 +56,6 @@ export function sealDeclaration(
 }
 
 /**
- * Seals as {@link sealDeclaration} does, signing on the thread pool: a fleet's declarations are signed on every
- * core while the caller records and sends those already sealed.
- */
-export async function sealDeclarationOffThread(
-  declarationBytes: Uint8Array,
-  privateKey: KeyObject,
-  signer: string,
-): Promise<DeclarationEnvelope> {
-  checkSigner(privateKey, signer);
-  return envelopeOf(declarationBytes, await signOffThread(declarationBytes, privateKey), signer);
-}
-
-/**
  * Below this many declarations a batch is signed on the thread pool one by one: starting signing threads costs a
  * command more than it saves on a few signatures.
  */

@@ -27,7 +27,6 @@ export {
   openDeclaration,
   openDeclarationOffThread,
   sealDeclaration,
-  sealDeclarationOffThread,
   sealDeclarationsOffThread,
   batchSigningFrom,
 } from "./envelope.js";

@@ -7,7 +7,7 @@ import {
   openDeclaration,
   openDeclarationOffThread,
   sealDeclaration,
-  sealDeclarationOffThread,
+  sealDeclarationsOffThread,
   sign,
 } from "../../src/keys/index.js";
 
@@ -186,7 +186,12 @@ void describe("declaration envelope", () => {
 
   void test("envelope — sealed and opened on the thread pool as on the caller's thread, with the same refusals", async () => {
     const bytes = encoder.encode(JSON.stringify(declaration));
-    const envelope = await sealDeclarationOffThread(bytes, controlPlane.privateKey, controlPlaneFingerprint);
+    const [envelope] = await sealDeclarationsOffThread(
+      [bytes],
+      controlPlane.privateKey,
+      controlPlaneFingerprint,
+    );
+    assert.ok(envelope !== undefined);
     // Ed25519 is deterministic: the same key over the same bytes gives the same signature on either path.
     assert.deepEqual(envelope, sealed(bytes));
     assert.deepEqual(await openDeclarationOffThread(envelope, controlPlane.publicKey), bytes);
@@ -211,7 +216,7 @@ void describe("declaration envelope", () => {
       refusedWith(/is not the pinned signing key/),
     );
     await assert.rejects(
-      sealDeclarationOffThread(bytes, controlPlane.privateKey, fingerprint(other.publicKey)),
+      sealDeclarationsOffThread([bytes], controlPlane.privateKey, fingerprint(other.publicKey)),
       refusedWith(/is not the fingerprint of the signing key/),
     );
   });
