@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import { openIdentities } from "../../src/bus/index.js";
 import { compileMeshOptions } from "../../src/config/options.js";
 import { loadOrCreateSigningKey } from "../../src/keys/index.js";
@@ -14,29 +14,13 @@ import { Lab } from "../../src/lab/lab.js";
 import { createLogger } from "../../src/log.js";
 import { openStore } from "../../src/store/index.js";
 import { mesh } from "../support/cli.js";
-import type { OperatorBroker } from "../support/operator-broker.js";
-import { startOperatorBroker } from "../support/operator-broker.js";
-import type { Running } from "../support/processes.js";
-import { eventually, startBin } from "../support/processes.js";
-import { tempDir } from "../support/tmp.js";
+import { eventually } from "../support/processes.js";
+import { serveForSuite } from "../support/serve-suite.js";
 
 describe("lab — a held fleet", () => {
-  const dir = tempDir("mesh-lab-hold-");
-  const data = join(dir.path, "data");
-  let broker: OperatorBroker;
-  let serve: Running;
+  const suite = serveForSuite("mesh-lab-hold-");
+  const { dir, data } = suite;
   const cli = (args: string[]) => mesh(["--data", data, ...args]);
-
-  before(async () => {
-    broker = await startOperatorBroker(data, dir.path);
-    serve = startBin("mesh", ["--data", data, "serve", "--broker", broker.url]);
-    await eventually("serve to start", () => (/control\.serving/.test(serve.stderr()) ? true : undefined));
-  });
-  after(async () => {
-    await serve.stop();
-    await broker.stop();
-    dir.remove();
-  });
 
   test("lab held — two declarations reach every node and wait; let go, each node applies both, in order", async () => {
     const applied = new Map<string, number[]>();
@@ -57,7 +41,7 @@ describe("lab — a held fleet", () => {
     const options = compileMeshOptions({ dataDir: data, flags: {}, env: {} });
     const store = await openStore(options.storeUrl, { historyLimit: options.historyLimit });
     try {
-      const identities = openIdentities(data, { url: broker.url });
+      const identities = openIdentities(data, { url: suite.broker.url });
       const tokens = await lab
         .issueTokens(store, identities, loadOrCreateSigningKey(join(data, "keys")).fingerprint, 600_000)
         .finally(() => identities.close());

@@ -6,13 +6,11 @@
 import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import { mesh } from "../support/cli.js";
-import type { OperatorBroker } from "../support/operator-broker.js";
-import { startOperatorBroker } from "../support/operator-broker.js";
 import type { Running } from "../support/processes.js";
 import { eventually, startBin } from "../support/processes.js";
-import { tempDir } from "../support/tmp.js";
+import { serveForSuite } from "../support/serve-suite.js";
 
 interface ShownProfile {
   cpu: number;
@@ -25,24 +23,12 @@ interface Listed {
 }
 
 describe("mesh lab --profiles", () => {
-  const dir = tempDir("mesh-lab-profiles-");
-  const data = join(dir.path, "data");
-  let broker: OperatorBroker;
-  let serve: Running;
   const labs: Running[] = [];
-  const cli = (args: string[]) => mesh(["--data", data, ...args]);
-
-  before(async () => {
-    broker = await startOperatorBroker(data, dir.path);
-    serve = startBin("mesh", ["--data", data, "serve", "--broker", broker.url]);
-    await eventually("serve to start", () => (/control\.serving/.test(serve.stderr()) ? true : undefined));
-  });
-  after(async () => {
+  const suite = serveForSuite("mesh-lab-profiles-", async () => {
     for (const lab of labs) await lab.stop("SIGTERM");
-    await serve.stop();
-    await broker.stop();
-    dir.remove();
   });
+  const { dir, data } = suite;
+  const cli = (args: string[]) => mesh(["--data", data, ...args]);
 
   /** Runs a lab of `nodes` named `<prefix>-<n>` with `file` until every node joined, then stops it. */
   async function runLab(prefix: string, nodes: number, file: string): Promise<void> {

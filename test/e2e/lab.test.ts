@@ -5,14 +5,12 @@
 import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import { declarationChunk } from "../../src/control/declarations.js";
 import { mesh } from "../support/cli.js";
-import type { OperatorBroker } from "../support/operator-broker.js";
-import { startOperatorBroker } from "../support/operator-broker.js";
 import type { Running } from "../support/processes.js";
 import { eventually, startBin } from "../support/processes.js";
-import { tempDir } from "../support/tmp.js";
+import { serveForSuite } from "../support/serve-suite.js";
 
 interface Shown {
   declaration: { sequence: number } | null;
@@ -25,24 +23,12 @@ interface Listed {
 }
 
 describe("mesh lab", () => {
-  const dir = tempDir("mesh-lab-");
-  const data = join(dir.path, "data");
-  let broker: OperatorBroker;
-  let serve: Running;
   const labs: Running[] = [];
-  const cli = (args: string[]) => mesh(["--data", data, ...args]);
-
-  before(async () => {
-    broker = await startOperatorBroker(data, dir.path);
-    serve = startBin("mesh", ["--data", data, "serve", "--broker", broker.url]);
-    await eventually("serve to start", () => (/control\.serving/.test(serve.stderr()) ? true : undefined));
-  });
-  after(async () => {
+  const suite = serveForSuite("mesh-lab-", async () => {
     for (const lab of labs) await lab.stop("SIGTERM");
-    await serve.stop();
-    await broker.stop();
-    dir.remove();
   });
+  const { dir, data } = suite;
+  const cli = (args: string[]) => mesh(["--data", data, ...args]);
 
   /** Declares one file to each node, a few `mesh declare` at a time. */
   async function declareTo(nodes: readonly string[]): Promise<void> {
@@ -158,7 +144,7 @@ describe("mesh lab", () => {
       240_000,
     ).catch((error: unknown) => {
       throw new Error(
-        `${String(error)}; the lab printed:\n${lab.stdout()}\n${lab.stderr().slice(-20_000)}\nthe control plane logged:\n${serve.stderr().slice(-20_000)}`,
+        `${String(error)}; the lab printed:\n${lab.stdout()}\n${lab.stderr().slice(-20_000)}\nthe control plane logged:\n${suite.serve.stderr().slice(-20_000)}`,
       );
     });
     assert.match(lab.stdout(), /joined 600\/600/);
