@@ -705,6 +705,11 @@ async function benchMesh(): Promise<void> {
         startStandby: () => (standby = startServe(data, broker.url, profileDir)),
         settleMs: options.aliveEveryMs + 2000,
         rounds: options.rounds,
+        held: {
+          hold: () => lab.hold(),
+          release: () => lab.release(),
+          signingRate: () => signingRate(signedBytes, signing.privateKey, 500),
+        },
         say,
       });
       if (standby !== undefined) {

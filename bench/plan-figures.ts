@@ -95,6 +95,12 @@ export function planMeshFigures(
       convergence_ms: round.converged,
       rollout: round.rollout ?? null,
     })),
+    held_rounds: m.heldRounds.map((round) => ({
+      sent: round.sent,
+      apply_ms: round.applyMs,
+      rollout: round.rollout ?? null,
+      signing_rate_before: round.signingRate,
+    })),
     change: {
       placed: change.placed,
       would_send: change.wouldSend,
@@ -167,6 +173,7 @@ export function planMeshFigures(
             `a change every node holds: ${rounds}`,
           ),
         ]),
+    ...heldFigures(m.heldRounds),
     {
       part: "plan",
       what: `whole plan applied to ${nodes} nodes → all kept, max`,
@@ -224,4 +231,38 @@ export function planMeshFigures(
     },
   ];
   return { figures, json };
+}
+
+/**
+ * The held rounds' figures: the roll-out's rate in time and per CPU-second, each against the median of the signing
+ * rates measured just before each round (the machine's speed drifts over a run).
+ */
+function heldFigures(rounds: PlanOnMesh["heldRounds"]): Figure[] {
+  const timed = rounds.flatMap((round) => (round.rollout === undefined ? [] : [round.rollout]));
+  if (timed.length === 0) return [];
+  const bad = timed.length < rounds.length || timed.some((one, i) => one.sent !== rounds[i]?.sent);
+  const limit = {
+    value: median(rounds.map((round) => round.signingRate)),
+    what: "Ed25519 signing, one core, beside each",
+  };
+  const which = `median of ${timed.length} of ${rounds.length} round(s)`;
+  return [
+    {
+      part: "plan",
+      what: "the same change rolled out to a held fleet (its nodes verify and apply after it)",
+      value: median(timed.map((one) => one.sent / (one.ms / 1000))),
+      unit: "/s",
+      limit,
+      target: "≥ 0.5×",
+      note:
+        `${bad ? "MISMATCH — " : ""}${which}, the simulated fleet not sharing the cores meanwhile; the limit ` +
+        "measured just before each, their median",
+    },
+    rolloutCpuFigure(
+      "plan",
+      median(timed.map((one) => one.sent / (Math.max(one.cpuMs, 1) / 1000))),
+      limit,
+      `the held rounds, ${which}`,
+    ),
+  ];
 }

@@ -36,6 +36,11 @@ export interface PlanOnMeshSettings {
   settleMs: number;
   /** How many times the whole fleet is then sent a change (the unit every node holds), each roll-out timed. */
   rounds: number;
+  /**
+   * When given, as many rounds again with the fleet held (`Lab.hold`) while the control plane rolls the change out,
+   * each after measuring one core's signing rate (the limit beside it).
+   */
+  held?: { hold: () => void; release: () => void; signingRate: () => number };
   say: (line: string) => void;
 }
 
@@ -56,6 +61,8 @@ export interface PlanOnMesh {
   };
   /** Each change to the unit every node holds: what apply sent, its roll-out as serve logged it, and convergence. */
   wholeFleet: WholeFleetRound[];
+  /** The same change rolled out to the fleet held; each with one core's signing rate measured just before it. */
+  heldRounds: Array<WholeFleetRound & { signingRate: number }>;
   change: {
     /** Nodes the changed unit is placed on, by `allot` in this process over the lab's profiles. */
     placed: number;
@@ -109,13 +116,18 @@ const commandTimeout = ["--timeout", "300s"];
 export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<PlanOnMesh> {
   const { data, dir, store, names, applied, converged, say } = settings;
   const mismatches: string[] = [];
-  const apply = async (file: string) => {
+  const apply = async (file: string, held?: { hold: () => void; release: () => void }) => {
     applied.clear();
     converged.clear();
     const started = performance.now();
-    const result = appliedSchema.parse(
-      JSON.parse(await runMesh(data, ["plan", "apply", "-f", file, "--json", ...commandTimeout])),
-    );
+    held?.hold();
+    let output: string;
+    try {
+      output = await runMesh(data, ["plan", "apply", "-f", file, "--json", ...commandTimeout]);
+    } finally {
+      held?.release();
+    }
+    const result = appliedSchema.parse(JSON.parse(output));
     const applyMs = performance.now() - started;
     const running = settings.running();
     const awaited = result.sent.filter(({ node }) => running.has(node));
@@ -169,8 +181,37 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
     wholeFleet.push({ sent, applyMs: whole.applyMs, converged: whole.converged, rollout });
   }
 
+  // The same change with the fleet held: the roll-out has this machine's cores as it would beside a fleet of real
+  // machines (the apply returns once the control plane has sent every declaration; the fleet then applies them).
+  const heldRounds: PlanOnMesh["heldRounds"] = [];
+  let lastCommon = settings.rounds + 1;
+  for (let round = 1; settings.held !== undefined && round <= settings.rounds; round++) {
+    lastCommon++;
+    const file = join(dir, `bench-plan-common-${lastCommon}.json`);
+    writeFileSync(file, JSON.stringify(benchPlan(names, { commonRound: lastCommon })));
+    const signingRate = settings.held.signingRate();
+    const whole = await apply(file, settings.held);
+    const sent = whole.result.sent.length;
+    const rollout = rolloutOf(settings.serve.stderr(), whole.result.revision);
+    say(
+      `plan: the unit every node holds changed, the fleet held (round ${round}): sent to ${sent} nodes, ` +
+        (rollout === undefined
+          ? "serve logged no roll-out of it"
+          : `serve's roll-out ${rollout.ms} ms (compose ${rollout.composeMs}, send ${rollout.sendMs}), ` +
+            `${rollout.cpuMs} ms of CPU`) +
+        `; signing just before ${signingRate.toFixed(0)}/s on one core`,
+    );
+    if (sent !== initial.result.sent.length)
+      mismatches.push(
+        `held round ${round}: ${sent} of ${initial.result.sent.length} nodes were sent the change`,
+      );
+    if (rollout === undefined)
+      mismatches.push(`held round ${round}: serve logged no roll-out of revision ${whole.result.revision}`);
+    heldRounds.push({ sent, applyMs: whole.applyMs, converged: whole.converged, rollout, signingRate });
+  }
+
   // One unit changed: what diff says would be sent, what apply sent, what the store recorded, must all agree.
-  const next = benchPlan(names, { changed: true, commonRound: settings.rounds + 1 });
+  const next = benchPlan(names, { changed: true, commonRound: lastCommon });
   const placed = allot(next, benchFleet(names)).placed.get(changedUnit)?.length ?? 0;
   const second = join(dir, "bench-plan-2.json");
   writeFileSync(second, JSON.stringify(next));
@@ -249,6 +290,7 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
       rollout: initialRollout,
     },
     wholeFleet,
+    heldRounds,
     change: {
       ...counts,
       itemsChange: diff.nodes.length,
