@@ -97,7 +97,6 @@ export function planMeshFigures(
     })),
     held_rounds: m.heldRounds.map((round) => ({
       sent: round.sent,
-      apply_ms: round.applyMs,
       rollout: round.rollout ?? null,
       signing_rate_before: round.signingRate,
     })),
@@ -238,11 +237,14 @@ export function planMeshFigures(
  * rates measured just before each round (the machine's speed drifts over a run).
  */
 function heldFigures(rounds: PlanOnMesh["heldRounds"]): Figure[] {
-  const timed = rounds.flatMap((round) => (round.rollout === undefined ? [] : [round.rollout]));
+  const timed = rounds.flatMap(({ rollout, sent, signingRate }) =>
+    rollout === undefined ? [] : [{ ...rollout, applied: sent, signingRate }],
+  );
   if (timed.length === 0) return [];
-  const bad = timed.length < rounds.length || timed.some((one, i) => one.sent !== rounds[i]?.sent);
+  const bad = timed.length < rounds.length || timed.some((one) => one.sent !== one.applied);
+  // The rounds timed and the limits beside them: a round with no roll-out has neither.
   const limit = {
-    value: median(rounds.map((round) => round.signingRate)),
+    value: median(timed.map((one) => one.signingRate)),
     what: "Ed25519 signing, one core, beside each",
   };
   const which = `median of ${timed.length} of ${rounds.length} round(s)`;

@@ -62,7 +62,7 @@ export interface PlanOnMesh {
   /** Each change to the unit every node holds: what apply sent, its roll-out as serve logged it, and convergence. */
   wholeFleet: WholeFleetRound[];
   /** The same change rolled out to the fleet held; each with one core's signing rate measured just before it. */
-  heldRounds: Array<WholeFleetRound & { signingRate: number }>;
+  heldRounds: Array<{ sent: number; rollout: Rollout | undefined; signingRate: number }>;
   change: {
     /** Nodes the changed unit is placed on, by `allot` in this process over the lab's profiles. */
     placed: number;
@@ -156,62 +156,56 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
 
   // A change every node holds, several times: the roll-out of a plan change touching the whole fleet, timed each
   // time (the first roll-out above is also the control plane's first of this plan's composition).
-  const wholeFleet: WholeFleetRound[] = [];
-  for (let round = 1; round <= settings.rounds; round++) {
-    const commonRound = round + 1;
+  let commonRound = 1;
+  /** The next content of the unit every node holds, applied; what was sent checked against the whole fleet. */
+  const changeCommon = async (which: string, held?: { hold: () => void; release: () => void }) => {
+    commonRound++;
     const file = join(dir, `bench-plan-common-${commonRound}.json`);
     writeFileSync(file, JSON.stringify(benchPlan(names, { commonRound })));
-    const whole = await apply(file);
+    const whole = await apply(file, held);
     const sent = whole.result.sent.length;
     const rollout = rolloutOf(settings.serve.stderr(), whole.result.revision);
-    say(
-      `plan: the unit every node holds changed (round ${round}): sent to ${sent} nodes, ` +
-        (rollout === undefined
-          ? "serve logged no roll-out of it"
-          : `serve's roll-out ${rollout.ms} ms (compose ${rollout.composeMs}, send ${rollout.sendMs}), ` +
-            `${rollout.cpuMs} ms of CPU`) +
-        `; all kept by ${whole.converged.max.toFixed(0)} ms`,
-    );
     if (sent !== initial.result.sent.length)
-      mismatches.push(`round ${round}: ${sent} of ${initial.result.sent.length} nodes were sent the change`);
+      mismatches.push(`${which}: ${sent} of ${initial.result.sent.length} nodes were sent the change`);
     if (rollout === undefined)
-      mismatches.push(`round ${round}: serve logged no roll-out of revision ${whole.result.revision}`);
+      mismatches.push(`${which}: serve logged no roll-out of revision ${whole.result.revision}`);
     else if (rollout.sent !== sent)
-      mismatches.push(`round ${round}: serve's roll-out sent ${rollout.sent}, apply's list ${sent}`);
+      mismatches.push(`${which}: serve's roll-out sent ${rollout.sent}, apply's list ${sent}`);
+    const told =
+      rollout === undefined
+        ? "serve logged no roll-out of it"
+        : `serve's roll-out ${rollout.ms} ms (compose ${rollout.composeMs}, send ${rollout.sendMs}), ` +
+          `${rollout.cpuMs} ms of CPU`;
+    return { whole, sent, rollout, told };
+  };
+  const wholeFleet: WholeFleetRound[] = [];
+  for (let round = 1; round <= settings.rounds; round++) {
+    const { whole, sent, rollout, told } = await changeCommon(`round ${round}`);
+    say(
+      `plan: the unit every node holds changed (round ${round}): sent to ${sent} nodes, ${told}; ` +
+        `all kept by ${whole.converged.max.toFixed(0)} ms`,
+    );
     wholeFleet.push({ sent, applyMs: whole.applyMs, converged: whole.converged, rollout });
   }
 
   // The same change with the fleet held: the roll-out has this machine's cores as it would beside a fleet of real
   // machines (the apply returns once the control plane has sent every declaration; the fleet then applies them).
+  // Convergence is not timed in these rounds; each ends with the whole fleet holding what it was sent.
   const heldRounds: PlanOnMesh["heldRounds"] = [];
-  let lastCommon = settings.rounds + 1;
-  for (let round = 1; settings.held !== undefined && round <= settings.rounds; round++) {
-    lastCommon++;
-    const file = join(dir, `bench-plan-common-${lastCommon}.json`);
-    writeFileSync(file, JSON.stringify(benchPlan(names, { commonRound: lastCommon })));
-    const signingRate = settings.held.signingRate();
-    const whole = await apply(file, settings.held);
-    const sent = whole.result.sent.length;
-    const rollout = rolloutOf(settings.serve.stderr(), whole.result.revision);
-    say(
-      `plan: the unit every node holds changed, the fleet held (round ${round}): sent to ${sent} nodes, ` +
-        (rollout === undefined
-          ? "serve logged no roll-out of it"
-          : `serve's roll-out ${rollout.ms} ms (compose ${rollout.composeMs}, send ${rollout.sendMs}), ` +
-            `${rollout.cpuMs} ms of CPU`) +
-        `; signing just before ${signingRate.toFixed(0)}/s on one core`,
-    );
-    if (sent !== initial.result.sent.length)
-      mismatches.push(
-        `held round ${round}: ${sent} of ${initial.result.sent.length} nodes were sent the change`,
+  if (settings.held !== undefined) {
+    for (let round = 1; round <= settings.rounds; round++) {
+      const signingRate = settings.held.signingRate();
+      const { sent, rollout, told } = await changeCommon(`held round ${round}`, settings.held);
+      say(
+        `plan: the unit every node holds changed, the fleet held (round ${round}): sent to ${sent} nodes, ` +
+          `${told}; signing just before ${signingRate.toFixed(0)}/s on one core`,
       );
-    if (rollout === undefined)
-      mismatches.push(`held round ${round}: serve logged no roll-out of revision ${whole.result.revision}`);
-    heldRounds.push({ sent, applyMs: whole.applyMs, converged: whole.converged, rollout, signingRate });
+      heldRounds.push({ sent, rollout, signingRate });
+    }
   }
 
   // One unit changed: what diff says would be sent, what apply sent, what the store recorded, must all agree.
-  const next = benchPlan(names, { changed: true, commonRound: lastCommon });
+  const next = benchPlan(names, { changed: true, commonRound });
   const placed = allot(next, benchFleet(names)).placed.get(changedUnit)?.length ?? 0;
   const second = join(dir, "bench-plan-2.json");
   writeFileSync(second, JSON.stringify(next));

@@ -41,21 +41,22 @@ function measured(heldRounds: PlanOnMesh["heldRounds"]): PlanOnMesh {
   };
 }
 
-const held = (what: string) => (figure: { part: string; what: string }) =>
-  figure.part === "plan" && figure.what.startsWith(what);
+const held = (r: Rollout | undefined, signingRate: number) => ({ sent: 10_000, rollout: r, signingRate });
+const heldRate = (figure: { part: string; what: string }) =>
+  figure.part === "plan" && figure.what.startsWith("the same change rolled out to a held fleet");
 
 describe("the plan part's figures", () => {
   test("held rounds: the median roll-out against the median of the signing rates measured beside them", () => {
     const { figures, json } = planMeshFigures(
       measured([
-        { ...round(rollout(1_000, 1_250)), signingRate: 20_000 },
-        { ...round(rollout(2_000, 2_500)), signingRate: 16_000 },
-        { ...round(rollout(1_250, 2_000)), signingRate: 18_000 },
+        held(rollout(1_000, 1_250), 20_000),
+        held(rollout(2_000, 2_500), 16_000),
+        held(rollout(1_250, 2_000), 18_000),
       ]),
       10_000,
       { value: 25_000, what: "Ed25519 signing, one core" },
     );
-    const rate = figures.find(held("the same change rolled out to a held fleet"));
+    const rate = figures.find(heldRate);
     assert.ok(rate !== undefined, "a figure for the held rounds");
     assert.equal(rate.value, 8_000, "10,000 in 1,250 ms, the middle of 1,000 / 1,250 / 2,000");
     assert.deepEqual(rate.limit, { value: 18_000, what: "Ed25519 signing, one core, beside each" });
@@ -72,19 +73,37 @@ describe("the plan part's figures", () => {
     );
   });
 
-  test("held rounds: a round serve logged no roll-out of is told, and no rounds show no figure", () => {
+  test("held rounds: a round serve logged no roll-out of, or one sending fewer, is told; its limit is left out", () => {
     const { figures } = planMeshFigures(
+      measured([held(rollout(1_000, 1_250), 20_000), held(undefined, 16_000)]),
+      10_000,
+      undefined,
+    );
+    const rate = figures.find(heldRate);
+    assert.match(rate?.note ?? "", /^MISMATCH — median of 1 of 2 round\(s\)/);
+    assert.equal(rate?.value, 10_000);
+    assert.equal(
+      rate?.limit?.value,
+      20_000,
+      "the limit beside the round timed, not the one without a roll-out",
+    );
+    const fewer = planMeshFigures(
       measured([
-        { ...round(rollout(1_000, 1_250)), signingRate: 20_000 },
-        { ...round(undefined), signingRate: 16_000 },
+        held(rollout(1_000, 1_250), 20_000),
+        held({ ...rollout(1_000, 1_250), sent: 9_999 }, 20_000),
       ]),
       10_000,
       undefined,
     );
-    const rate = figures.find(held("the same change rolled out to a held fleet"));
-    assert.match(rate?.note ?? "", /^MISMATCH — median of 1 of 2 round\(s\)/);
+    assert.match(fewer.figures.find(heldRate)?.note ?? "", /^MISMATCH — median of 2 of 2 round\(s\)/);
+    const same = planMeshFigures(
+      measured([held(rollout(1_000, 1_250), 20_000), held(rollout(1_000, 1_250), 20_000)]),
+      10_000,
+      undefined,
+    );
+    assert.doesNotMatch(same.figures.find(heldRate)?.note ?? "", /MISMATCH/);
     const none = planMeshFigures(measured([]), 10_000, undefined);
-    assert.equal(none.figures.find(held("the same change rolled out to a held fleet")), undefined);
+    assert.equal(none.figures.find(heldRate), undefined);
     assert.deepEqual(none.json.held_rounds, []);
   });
 });
