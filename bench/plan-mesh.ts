@@ -40,8 +40,14 @@ export interface PlanOnMeshSettings {
    * When given, as many rounds again with the fleet held (`Lab.hold`) while the control plane rolls the change out,
    * each after measuring one core's signing rate (the limit beside it).
    */
-  held?: { hold: () => void; release: () => void; signingRate: () => number };
+  held?: Holding & { signingRate: () => number };
   say: (line: string) => void;
+}
+
+/** Holds the lab's fleet (`Lab.hold`) while a roll-out is sent, and lets it go. */
+interface Holding {
+  hold: () => void;
+  release: () => void;
 }
 
 export interface WholeFleetRound {
@@ -116,7 +122,7 @@ const commandTimeout = ["--timeout", "300s"];
 export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<PlanOnMesh> {
   const { data, dir, store, names, applied, converged, say } = settings;
   const mismatches: string[] = [];
-  const apply = async (file: string, held?: { hold: () => void; release: () => void }) => {
+  const apply = async (file: string, held?: Holding) => {
     applied.clear();
     converged.clear();
     const started = performance.now();
@@ -158,7 +164,7 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
   // time (the first roll-out above is also the control plane's first of this plan's composition).
   let commonRound = 1;
   /** The next content of the unit every node holds, applied; what was sent checked against the whole fleet. */
-  const changeCommon = async (which: string, held?: { hold: () => void; release: () => void }) => {
+  const changeCommon = async (which: string, held?: Holding) => {
     commonRound++;
     const file = join(dir, `bench-plan-common-${commonRound}.json`);
     writeFileSync(file, JSON.stringify(benchPlan(names, { commonRound })));
