@@ -108,6 +108,12 @@ export class HostState {
   /** The state directory. */
   readonly dir: string;
   private readonly storage: StateStorage;
+  /**
+   * `applied.json`'s text as last read, and what it was read as. The agent asks for the declaration last applied a
+   * few times for each one it takes; the file is read each time (it is the truth), and read again as JSON only when
+   * its text is not the text already read.
+   */
+  private appliedRead: { text: string; applied: Readonly<AppliedDeclaration> } | undefined;
 
   /** `storage` defaults to the directory on disk; the lab keeps many simulated nodes' state in memory instead. */
   constructor(dir: string, storage: StateStorage = diskStorage) {
@@ -233,10 +239,13 @@ export class HostState {
    * The declaration last applied, or undefined when none has been.
    * @throws HostStateError when `applied.json` exists but cannot be read or is not a record of one.
    */
-  lastApplied(): AppliedDeclaration | undefined {
+  lastApplied(): Readonly<AppliedDeclaration> | undefined {
     const text = this.readIfPresent(stateFiles.applied, "plain");
     if (text === undefined) return undefined;
-    return this.parseJson(stateFiles.applied, text, appliedSchema);
+    if (this.appliedRead?.text === text) return this.appliedRead.applied;
+    const applied = Object.freeze(this.parseJson(stateFiles.applied, text, appliedSchema));
+    this.appliedRead = { text, applied };
+    return applied;
   }
 
   /** Records the declaration just applied, so a restarted agent knows which ones are older. */

@@ -1,4 +1,4 @@
-import { createHash, timingSafeEqual } from "node:crypto";
+import { createHash, hash, timingSafeEqual } from "node:crypto";
 import type { KeyObject } from "node:crypto";
 import { decodeSigningPublicKey, rawSigningPublicKey } from "./signing.js";
 
@@ -29,9 +29,8 @@ export function openSshPublicKey(publicKey: KeyObject | string, comment?: string
  * Both sides are hashed first so that neither their lengths nor their contents shape the comparison.
  */
 export function fingerprintsEqual(a: string, b: string): boolean {
-  const digestA = createHash("sha256").update(a, "utf8").digest();
-  const digestB = createHash("sha256").update(b, "utf8").digest();
-  return timingSafeEqual(digestA, digestB);
+  // One-shot hashes: a node compares the signer of every declaration it takes, and a hash object each was most of it.
+  return timingSafeEqual(hash("sha256", a, "buffer"), hash("sha256", b, "buffer"));
 }
 
 // The OpenSSH wire form (RFC 8709 §4): string "ssh-ed25519", then string <32 raw key bytes>, where each string is a

@@ -141,7 +141,14 @@ export function parseDeclarationBytes(bytes: Uint8Array): Declaration {
  * sends what it would itself refuse; the encoding lists fields in schema order, so equal messages give equal bytes.
  */
 export function encodeMessage(message: Message): Uint8Array {
-  const checked = parseMessage(message.kind, message);
+  // An agent writes a report or an alive for nearly every declaration and interval: the plain shape is checked field
+  // by field, as the control plane reads it (`quick-check.ts`, held to the schema), and anything else by the schema.
+  const checked =
+    (message.kind === "report"
+      ? quickReport(message)
+      : message.kind === "alive"
+        ? quickAlive(message)
+        : undefined) ?? parseMessage(message.kind, message);
   return withinBound(message.kind, encoder.encode(JSON.stringify(checked)));
 }
 

@@ -5,7 +5,8 @@
  * its range, a type it does not expect, half an ordering — is not decided here: the answer is `undefined`, and the
  * schema reads the value, accepting or refusing it with its reasons. A property test holds these to the schemas.
  *
- * Only values JSON.parse made are given here: plain data, whose fields are read without side effects.
+ * Only plain data is given here (values JSON.parse made, or messages the code itself composed), whose fields are read
+ * without side effects.
  */
 import { fitsBytes } from "./bounds.js";
 import type { Alive, Report } from "./messages.js";
@@ -56,14 +57,17 @@ export function quickReport(value: unknown): Report | undefined {
     if (checked === undefined) return undefined;
     checkedItems.push(checked);
   }
-  const report: Report = { kind, node, digest, outcome, items: checkedItems, sent_at };
-  if (ordered) {
-    report.epoch = epoch;
-    report.sequence = sequence;
-    report.report_sequence = report_sequence;
-  }
-  if (reason !== undefined) report.reason = reason;
-  return report;
+  // In schema order, as the schema builds it: a message written from it is the schema's bytes.
+  return {
+    kind,
+    node,
+    ...(ordered ? { epoch, sequence, report_sequence } : {}),
+    digest,
+    outcome,
+    ...(reason === undefined ? {} : { reason }),
+    items: checkedItems,
+    sent_at,
+  };
 }
 
 function quickItem(value: unknown): ReportItem | undefined {

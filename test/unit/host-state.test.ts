@@ -193,6 +193,22 @@ void describe("host state", () => {
     assert.equal(state.lastApplied()?.sequence, 4);
   });
 
+  void test("last applied — read from the file each time: a record changed or broken behind the agent's back is seen", () => {
+    const state = freshState();
+    const applied = { epoch: 7, sequence: 3, digest: `sha256:${"ab".repeat(32)}` };
+    state.recordApplied(applied);
+    assert.deepEqual(state.lastApplied(), applied);
+    // The same answer again, and not one a caller could change for the next.
+    assert.ok(Object.isFrozen(state.lastApplied()));
+    const file = join(state.dir, stateFiles.applied);
+    writeFileSync(file, `${JSON.stringify({ ...applied, sequence: 9 })}\n`);
+    assert.equal(state.lastApplied()?.sequence, 9);
+    writeFileSync(file, '{"epoch": 7, "sequence": 0, "digest": "x"}');
+    assert.throws(() => state.lastApplied(), hostStateError(/applied\.json is not what it should hold/));
+    writeFileSync(file, `${JSON.stringify(applied)}\n`);
+    assert.deepEqual(state.lastApplied(), applied);
+  });
+
   void test("last applied — a corrupt record throws naming the file", () => {
     const state = freshState();
     mkdirSync(state.dir, { recursive: true });
