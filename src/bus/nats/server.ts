@@ -107,8 +107,16 @@ export async function startNatsServer(
   const binary = findNatsServer();
   const log = createWriteStream(logPath, { flags: "a", mode: 0o600 });
   const child: ChildProcess = spawn(binary, ["-c", configPath], { stdio: ["ignore", "pipe", "pipe"] });
-  child.stdout?.pipe(log);
-  child.stderr?.pipe(log);
+  // Both outputs into one log, which is ended once both have closed: ended when the first did, or when the process
+  // exited (before its last output is read), the other's last lines would be written after its end.
+  child.stdout?.pipe(log, { end: false });
+  child.stderr?.pipe(log, { end: false });
+  const closed = new Promise<void>((resolve) =>
+    child.once("close", () => {
+      log.end();
+      resolve();
+    }),
+  );
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
   const spawnFailed = new Promise<never>((_, reject) =>
     child.once("error", (error) =>
@@ -122,7 +130,7 @@ export async function startNatsServer(
       await exited;
       clearTimeout(timer);
     }
-    log.end();
+    await closed;
   };
   try {
     await Promise.race([
