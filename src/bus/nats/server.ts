@@ -105,18 +105,8 @@ export async function startNatsServer(
   timeoutMs = 15_000,
 ): Promise<RunningNatsServer> {
   const binary = findNatsServer();
-  const log = createWriteStream(logPath, { flags: "a", mode: 0o600 });
   const child: ChildProcess = spawn(binary, ["-c", configPath], { stdio: ["ignore", "pipe", "pipe"] });
-  // Both outputs into one log, which is ended once both have closed: ended when the first did, or when the process
-  // exited (before its last output is read), the other's last lines would be written after its end.
-  child.stdout?.pipe(log, { end: false });
-  child.stderr?.pipe(log, { end: false });
-  const closed = new Promise<void>((resolve) =>
-    child.once("close", () => {
-      log.end();
-      resolve();
-    }),
-  );
+  const closed = logOutputs(child, logPath);
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
   const spawnFailed = new Promise<never>((_, reject) =>
     child.once("error", (error) =>
@@ -148,6 +138,23 @@ export async function startNatsServer(
     throw error;
   }
   return { url: `nats://${listen.host}:${listen.port}`, pid: child.pid ?? 0, exited, stop };
+}
+
+/**
+ * Writes both of a child's outputs into one log, ended once both have closed (and settles then). Ended when the first
+ * closed, or when the process exited (before its last output is read), the other's last lines would be written after
+ * its end.
+ */
+export function logOutputs(child: ChildProcess, logPath: string): Promise<void> {
+  const log = createWriteStream(logPath, { flags: "a", mode: 0o600 });
+  child.stdout?.pipe(log, { end: false });
+  child.stderr?.pipe(log, { end: false });
+  return new Promise((resolve) =>
+    child.once("close", () => {
+      log.end();
+      log.once("close", resolve);
+    }),
+  );
 }
 
 export async function waitForPort(host: string, port: number, timeoutMs: number): Promise<void> {
