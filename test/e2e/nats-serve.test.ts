@@ -84,7 +84,7 @@ async function openServe(t: TestContext) {
       const joined = await meshHost(["join", token.token, "--state", mine.state]);
       assert.equal(joined.code, 0, joined.stderr);
       mkdirSync(mine.root);
-      running.agent = startBin("mesh-host", [
+      const agent = startBin("mesh-host", [
         "run",
         "--state",
         mine.state,
@@ -93,7 +93,15 @@ async function openServe(t: TestContext) {
         "--alive-every",
         "300ms",
       ]);
+      running.agent = agent;
+      // A declaration is sent to the node's subjects as it is made: a node not yet listening does not hear it, and
+      // only a running control plane sends it again. The agent listens before it says it runs.
+      await eventually("the agent to run", () => (/agent\.running/.test(agent.stderr()) ? true : undefined), {
+        detail: () => `the agent's log:\n${agent.stderr()}`,
+      });
     },
+    /** The agent's log, for a failure's message. */
+    agentLog: () => `the agent's log:\n${running.agent?.stderr() ?? "(no agent)"}`,
     /** Declares /etc/edge to edge-1; returns its sequence. */
     async declare(content: string): Promise<number> {
       const file = join(dir.path, `${content.replace(/\W/g, "-")}.yaml`);
@@ -133,8 +141,12 @@ describe("mesh serve with an operator's nats-server", { concurrency: 3 }, () => 
     writeFileSync(file, "files:\n  - path: /etc/edge\n    content: offline\n");
     const declared = await m.cli(["declare", "edge-1", "-f", file, "--json"]);
     assert.equal(declared.code, 0, declared.stderr);
-    await eventually("the agent to apply", () =>
-      existsSync(join(m.root, "etc", "edge")) ? true : undefined,
+    await eventually(
+      "the agent to apply",
+      () => (existsSync(join(m.root, "etc", "edge")) ? true : undefined),
+      {
+        detail: m.agentLog,
+      },
     );
     assert.equal(readFileSync(join(m.root, "etc", "edge"), "utf8"), "offline");
     assert.equal((await m.show()).account, null, "nothing is kept while no control plane runs");

@@ -62,19 +62,23 @@ export function startCommand(
 }
 
 /**
- * Waits until `check` returns a value other than undefined, or fails after `timeoutMs` with `what`. The deadline is
- * generous (a minute by default) because it is a guard against a hang, not a measurement: tests run on busy machines.
+ * Waits until `check` returns a value other than undefined, or fails after the timeout with `what` (and, when
+ * given, `detail()`: a process's log, say, so a failure says what the process was doing). The deadline is generous
+ * (a minute by default) because it is a guard against a hang, not a measurement: tests run on busy machines.
  */
 export async function eventually<T>(
   what: string,
   check: () => Promise<T | undefined> | T | undefined,
-  timeoutMs = 60_000,
+  options: number | { timeoutMs?: number; detail?: () => string } = {},
 ): Promise<T> {
+  const { timeoutMs = 60_000, detail } = typeof options === "number" ? { timeoutMs: options } : options;
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const value = await check();
     if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    if (Date.now() > deadline) {
+      throw new Error(`timed out waiting for ${what}${detail === undefined ? "" : `\n${detail()}`}`);
+    }
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
 }
