@@ -666,7 +666,7 @@ async function benchMesh(): Promise<void> {
               value: c.max,
               unit: "ms",
               baseline: { value: fanoutMs, what: "`mesh declare --all` exits" },
-              target: N >= 10_000 ? "≤ 5 s" : "",
+              target: N >= 10_000 ? "≤ 1.5 s" : "",
             },
             {
               part: "convergence",

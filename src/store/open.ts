@@ -171,6 +171,10 @@ async function connect(
       file.pragma("synchronous = NORMAL");
       file.pragma("busy_timeout = 5000");
       file.pragma("foreign_keys = ON");
+      // What SQLite keeps aside while a statement runs (a statement journal, an IN list's or a sort's temporary
+      // table) stays in memory: on file it was a temporary file made, written and deleted for most batches of
+      // reports kept, on the thread that consumes them. What one statement sets aside here is a few hundred pages.
+      file.pragma("temp_store = MEMORY");
       return {
         db: new Kysely<Database>({
           dialect: new ImmediateSqliteDialect({ database: withStatementCache(file) }),
