@@ -97,7 +97,7 @@ async function openServe(t: TestContext) {
       // A declaration is sent to the node's subjects as it is made: a node not yet listening does not hear it, and
       // only a running control plane sends it again. The agent listens before it says it runs.
       await eventually("the agent to run", () => (/agent\.running/.test(agent.stderr()) ? true : undefined), {
-        detail: () => `the agent's log:\n${agent.stderr()}`,
+        detail: mine.agentLog,
       });
     },
     /** The agent's log, for a failure's message. */
