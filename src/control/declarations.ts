@@ -6,10 +6,11 @@ import type { ControlBus } from "../bus/index.js";
 import { MeshError } from "../errors.js";
 import type { SigningIdentity } from "../keys/index.js";
 import { sealDeclarationsOffThread } from "../keys/index.js";
-import type { DeclaredItem, UnitContents } from "../link/index.js";
+import type { DeclarationEncoder, DeclaredItem, UnitContents } from "../link/index.js";
 import { checkContents, declarationEncoder, envelopeText, unitContentsSchema } from "../link/index.js";
 import { errorText } from "../log.js";
-import type { MeshEvent, Store } from "../store/index.js";
+import type { KeptItems, MeshEvent, Store } from "../store/index.js";
+import { keptItems } from "../store/index.js";
 import { parseOperatorFile } from "./operator-file.js";
 
 /** Reads what an operator declares for nodes (`mesh declare -f FILE`): YAML or JSON, a unit's contents. */
@@ -84,21 +85,27 @@ export async function sendDeclarations(
   }
   const sequences = await store.nodes.nextDeclarationSequences(names);
   const issuedAt = context.now().toISOString();
-  // One encoder per composition: its items are checked once, however many nodes hold it.
-  const encoders = new Map<string, ReturnType<typeof declarationEncoder>>();
+  // One encoder per composition: its items are checked once, however many nodes hold it, and kept once.
+  const encoders = new Map<string, { encode: DeclarationEncoder; kept?: KeptItems }>();
   const compose = (node: string) => {
     const sequence = sequences.get(node);
     const target = byNode.get(node);
     if (sequence === undefined || target === undefined)
       throw new MeshError("internal", `no sequence was allocated for ${node}`);
-    let encode = encoders.get(target.digest);
-    if (encode === undefined) {
-      encode = declarationEncoder(target.items, target.digest);
-      encoders.set(target.digest, encode);
+    let composition = encoders.get(target.digest);
+    if (composition === undefined) {
+      composition = { encode: declarationEncoder(target.items, target.digest) };
+      encoders.set(target.digest, composition);
     }
     // Checked as it is encoded; the signature covers these bytes exactly, and the node verifies them before it
     // parses anything.
-    return { node, sequence, target, bytes: encode({ node, epoch, sequence, issued_at: issuedAt }) };
+    const bytes = composition.encode({ node, epoch, sequence, issued_at: issuedAt });
+    if (composition.kept === undefined) {
+      const itemsText = composition.encode.itemsText;
+      if (itemsText === undefined) throw new MeshError("internal", `no items were encoded for ${node}`);
+      composition.kept = keptItems(itemsText);
+    }
+    return { node, sequence, target, items: composition.kept, bytes };
   };
   /** A chunk's declarations sealed, or why they could not be: never a rejection left unawaited. */
   const seal = async (start: number) => {
@@ -110,10 +117,11 @@ export async function sendDeclarations(
         privateKey,
         fingerprint,
       );
-      const composed = chunk.map(({ node, sequence, target }, i) => {
+      const composed = chunk.map(({ node, sequence, target, items }, i) => {
         const envelope = envelopes[i];
         if (envelope === undefined) throw new MeshError("internal", `no envelope was sealed for ${node}`);
-        return { node, sequence, target, envelope: envelopeText(envelope) };
+        const { signature, signer } = envelope;
+        return { node, sequence, target, items, signature, signer, envelope: envelopeText(envelope) };
       });
       return { composed };
     } catch (error) {
@@ -149,13 +157,15 @@ export async function sendDeclarations(
       const logging = unlogged;
       await store.transaction(async (tx) => {
         await tx.declarations.recordMany(
-          composed.map(({ node, sequence, envelope, target }) => ({
+          composed.map(({ node, sequence, target, items, signature, signer }) => ({
             node,
             sequence,
             epoch,
             issuedAt,
             digest: target.digest,
-            envelope,
+            items,
+            signature,
+            signer,
             units: target.units,
           })),
         );

@@ -53,12 +53,13 @@ export type {
   NodeCredential,
   Report,
 } from "./messages.js";
-export type { DeclarationHeader } from "./parse.js";
+export type { DeclarationEncoder, DeclarationHeader, KeptDeclaration } from "./parse.js";
 export {
   declarationEncoder,
   encodeMessage,
   encodeReceipt,
   envelopeText,
+  keptDeclarationText,
   maxMessageBytes,
   parseAlive,
   parseReceipt,

@@ -190,17 +190,23 @@ const declarationHeaderSchema = z.strictObject({
 });
 
 /**
+ * Encodes the declarations of one composition to the bytes `encodeMessage` gives each (a function of the header),
+ * and keeps the items' text they all carry (`itemsText`, known once one was encoded).
+ */
+export interface DeclarationEncoder {
+  (header: DeclarationHeader): Uint8Array;
+  readonly itemsText: string | undefined;
+}
+
+/**
  * Encodes the declarations of one composition — the same items and digest for many nodes, each under a header of
  * its own — to the bytes `encodeMessage` gives each. The first is checked whole, as `encodeMessage` checks it; its
  * items are then taken as checked, and each later header is checked alone. A fleet of one composition costs one
  * check of its items, not one per node.
  */
-export function declarationEncoder(
-  items: readonly DeclaredItem[],
-  digest: string,
-): (header: DeclarationHeader) => Uint8Array {
+export function declarationEncoder(items: readonly DeclaredItem[], digest: string): DeclarationEncoder {
   let itemsText: string | undefined;
-  return (header) => {
+  const encode = (header: DeclarationHeader) => {
     if (itemsText === undefined) {
       const checked = parseMessage("declaration", {
         kind: "declaration",
@@ -210,16 +216,54 @@ export function declarationEncoder(
       });
       itemsText = JSON.stringify(checked.items);
     } else {
-      const result = declarationHeaderSchema.safeParse(header);
-      if (!result.success) throw new ContractError(describeIssues("declaration", result.error.issues));
+      checkHeader(header);
     }
-    // In schema order, as JSON.stringify writes the checked declaration.
-    const text =
-      `{"kind":"declaration","node":${JSON.stringify(header.node)},"epoch":${JSON.stringify(header.epoch)},` +
-      `"sequence":${JSON.stringify(header.sequence)},"issued_at":${JSON.stringify(header.issued_at)},` +
-      `"items":${itemsText},"digest":${JSON.stringify(digest)}}`;
-    return withinBound("declaration", encoder.encode(text));
+    return withinBound("declaration", encoder.encode(declarationText(header, itemsText, digest)));
   };
+  return Object.defineProperty(encode, "itemsText", { get: () => itemsText }) as DeclarationEncoder;
+}
+
+function checkHeader(header: DeclarationHeader): void {
+  const result = declarationHeaderSchema.safeParse(header);
+  if (!result.success) throw new ContractError(describeIssues("declaration", result.error.issues));
+}
+
+/** A declaration's text from its parts, in schema order, as JSON.stringify writes the checked declaration. */
+function declarationText(header: DeclarationHeader, itemsText: string, digest: string): string {
+  return (
+    `{"kind":"declaration","node":${JSON.stringify(header.node)},"epoch":${JSON.stringify(header.epoch)},` +
+    `"sequence":${JSON.stringify(header.sequence)},"issued_at":${JSON.stringify(header.issued_at)},` +
+    `"items":${itemsText},"digest":${JSON.stringify(digest)}}`
+  );
+}
+
+/** What a store keeps of a sealed declaration: its header, its composition's items text, and its seal. */
+export interface KeptDeclaration {
+  header: DeclarationHeader;
+  /** The items exactly as the declaration carried them (`DeclarationEncoder.itemsText`). */
+  itemsText: string;
+  digest: string;
+  signature: string;
+  signer: string;
+}
+
+/**
+ * The text of a sealed declaration rebuilt from what was kept of it: byte for byte the envelope that was sent, since
+ * the declaration's bytes are a function of its parts (`declarationText`). Nothing is trusted that a node would not
+ * check again: the node verifies the signature over these bytes before it reads them.
+ */
+export function keptDeclarationText(kept: KeptDeclaration): string {
+  checkHeader(kept.header);
+  const bytes = withinBound(
+    "declaration",
+    encoder.encode(declarationText(kept.header, kept.itemsText, kept.digest)),
+  );
+  return envelopeText({
+    kind: "declaration_envelope",
+    payload: Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString("base64"),
+    signature: kept.signature,
+    signer: kept.signer,
+  });
 }
 
 /**

@@ -1,10 +1,13 @@
-/** Declarations as sent: the latest per node and a bounded history behind it. */
-import type { Kysely, Selectable } from "kysely";
-import type { Database, DeclarationTable } from "./schema.js";
+/** Declarations as sent: the latest per node and a bounded history behind it, each composition's items kept once. */
+import { createHash } from "node:crypto";
+import type { Kysely } from "kysely";
+import type { Database } from "./schema.js";
 import { MeshError } from "../errors.js";
+import { keptDeclarationText } from "../link/index.js";
 import { rowValues, StatementTexts } from "./statements.js";
 import { inTransaction, slices } from "./transaction.js";
 
+/** A declaration as kept: the envelope exactly as it was sent. */
 export interface DeclarationRecord {
   node: string;
   sequence: number;
@@ -12,9 +15,45 @@ export interface DeclarationRecord {
   issuedAt: string;
   digest: string;
   envelope: string;
-  /** The plan's units it was composed from, by name (none for a declaration from before plans). */
+  /** The plan's units it was composed from (none for a declaration from before plans). */
   units?: readonly string[];
 }
+
+/**
+ * A declaration to keep: its header, its composition's items exactly as it carried them (`keptItems`), and its seal.
+ * The envelope is rebuilt from these byte for byte when it is sent again.
+ */
+export interface NewDeclaration {
+  node: string;
+  sequence: number;
+  epoch: number;
+  issuedAt: string;
+  digest: string;
+  items: KeptItems;
+  /** The envelope's signature (base64) and signer (`SHA256:…`). */
+  signature: string;
+  signer: string;
+  units?: readonly string[];
+}
+
+/** A composition's items' text and the key it is kept under, worked out once per composition. */
+export interface KeptItems {
+  key: string;
+  text: string;
+}
+
+export function keptItems(text: string): KeptItems {
+  return { key: createHash("sha256").update(text).digest("hex"), text };
+}
+
+/**
+ * How stale a composition's `used_at` may get before a declaration that refers to it writes it again: once an hour
+ * at most, so a roll-out writes each composition's row once, not at every chunk, and seldom at all.
+ */
+const usedAtRefreshMs = 60 * 60_000;
+
+/** A composition no declaration refers to is pruned once it has not been used for this long (`pruneItems`). */
+export const itemsKeptUnusedMs = 24 * 60 * 60_000;
 
 /** What a node was last sent, without the envelope: what compose compares with and `node list` shows. */
 export interface LatestSent {
@@ -32,14 +71,42 @@ export class DeclarationQueries {
   ) {}
 
   /** Records a declaration and drops the ones that fell out of the node's bounded history. */
-  async record(declaration: DeclarationRecord): Promise<void> {
+  async record(declaration: NewDeclaration): Promise<void> {
     await this.recordMany([declaration]);
   }
 
-  /** Records declarations of many nodes in one transaction, each node's history bounded as for one. */
-  async recordMany(declarations: readonly DeclarationRecord[]): Promise<void> {
+  /**
+   * Records declarations of many nodes in one transaction, each node's history bounded as for one. Each composition's
+   * items are written once (and again only to mark them used, at most once an hour); each declaration refers to them.
+   */
+  async recordMany(declarations: readonly NewDeclaration[]): Promise<void> {
     if (declarations.length === 0) return;
+    const items = new Map<string, { key: string; items: string; used_at: string }>();
+    for (const { items: kept, issuedAt } of declarations) {
+      const known = items.get(kept.key);
+      if (known === undefined || known.used_at < issuedAt)
+        items.set(kept.key, { key: kept.key, items: kept.text, used_at: issuedAt });
+    }
     await inTransaction(this.db, async (trx) => {
+      for (const slice of slices([...items.values()])) {
+        const newest = slice.reduce((at, row) => (row.used_at > at ? row.used_at : at), "");
+        const staleBefore = new Date(Date.parse(newest) - usedAtRefreshMs).toISOString();
+        await this.statements.run(
+          trx,
+          `declaration_items.upsert.${slice.length}`,
+          [...rowValues(slice), staleBefore],
+          () =>
+            trx
+              .insertInto("declaration_items")
+              .values(slice)
+              .onConflict((conflict) =>
+                conflict
+                  .column("key")
+                  .doUpdateSet({ used_at: (eb) => eb.ref("excluded.used_at") })
+                  .where("declaration_items.used_at", "<", staleBefore),
+              ),
+        );
+      }
       for (const slice of slices(declarations)) {
         const rows = slice.map((declaration) => ({
           node: declaration.node,
@@ -47,8 +114,10 @@ export class DeclarationQueries {
           epoch: declaration.epoch,
           issued_at: declaration.issuedAt,
           digest: declaration.digest,
-          envelope: declaration.envelope,
           units: JSON.stringify(declaration.units ?? []),
+          items_key: declaration.items.key,
+          signature: declaration.signature,
+          signer: declaration.signer,
         }));
         await this.statements.run(trx, `declarations.insert.${rows.length}`, rowValues(rows), () =>
           trx.insertInto("declarations").values(rows),
@@ -77,11 +146,9 @@ export class DeclarationQueries {
   }
 
   async latest(node: string): Promise<DeclarationRecord | undefined> {
-    const row = await this.db
-      .selectFrom("declarations")
-      .selectAll()
-      .where("node", "=", node)
-      .orderBy("sequence", "desc")
+    const row = await this.kept()
+      .where("d.node", "=", node)
+      .orderBy("d.sequence", "desc")
       .limit(1)
       .executeTakeFirst();
     return row === undefined ? undefined : toRecord(row);
@@ -89,13 +156,64 @@ export class DeclarationQueries {
 
   /** Newest first. */
   async history(node: string): Promise<DeclarationRecord[]> {
-    const rows = await this.db
-      .selectFrom("declarations")
-      .selectAll()
-      .where("node", "=", node)
-      .orderBy("sequence", "desc")
-      .execute();
+    const rows = await this.kept().where("d.node", "=", node).orderBy("d.sequence", "desc").execute();
     return rows.map(toRecord);
+  }
+
+  /** Declarations with their composition's items, for rebuilding their envelopes. */
+  private kept() {
+    return this.db
+      .selectFrom("declarations as d")
+      .leftJoin("declaration_items as i", "i.key", "d.items_key")
+      .select([
+        "d.node",
+        "d.sequence",
+        "d.epoch",
+        "d.issued_at",
+        "d.digest",
+        "d.envelope",
+        "d.units",
+        "d.items_key",
+        "d.signature",
+        "d.signer",
+        "i.items",
+      ]);
+  }
+
+  /**
+   * Deletes the compositions no kept declaration refers to that were last used before `before` (at least
+   * `itemsKeptUnusedMs` ago: a roll-out under way marks what it uses long before it could be among them). Returns
+   * how many went.
+   */
+  async pruneItems(before: string): Promise<number> {
+    const stale = await this.db
+      .selectFrom("declaration_items")
+      .select("key")
+      .where("used_at", "<", before)
+      .execute();
+    if (stale.length === 0) return 0;
+    const referred = new Set(
+      (
+        await this.db
+          .selectFrom("declarations")
+          .select("items_key")
+          .distinct()
+          .where("items_key", "is not", null)
+          .execute()
+      ).map((row) => row.items_key),
+    );
+    const orphans = stale.map((row) => row.key).filter((key) => !referred.has(key));
+    let deleted = 0;
+    for (const slice of slices(orphans)) {
+      // `used_at` again: one marked used since it was read stays.
+      const result = await this.db
+        .deleteFrom("declaration_items")
+        .where("key", "in", slice)
+        .where("used_at", "<", before)
+        .executeTakeFirst();
+      deleted += Number(result.numDeletedRows);
+    }
+    return deleted;
   }
 
   /**
@@ -251,16 +369,53 @@ export function digestKey(node: string, digest: string): string {
   return `${node}\n${digest}`;
 }
 
-function toRecord(row: Selectable<DeclarationTable>): DeclarationRecord {
+interface KeptRow {
+  node: string;
+  sequence: number;
+  epoch: number;
+  issued_at: string;
+  digest: string;
+  envelope: string | null;
+  units: string;
+  items_key: string | null;
+  signature: string | null;
+  signer: string | null;
+  items: string | null;
+}
+
+function toRecord(row: KeptRow): DeclarationRecord {
   return {
     node: row.node,
     sequence: row.sequence,
     epoch: row.epoch,
     issuedAt: row.issued_at,
     digest: row.digest,
-    envelope: row.envelope,
+    envelope: row.envelope ?? envelopeOf(row),
     units: unitsOf(row.units),
   };
+}
+
+/** A declaration's envelope rebuilt from its header, its composition's items and its seal. */
+function envelopeOf(row: KeptRow): string {
+  if (row.items === null || row.signature === null || row.signer === null) {
+    const missing = [
+      row.items === null ? `its items (${row.items_key ?? "no key"})` : undefined,
+      row.signature === null ? "its signature" : undefined,
+      row.signer === null ? "its signer" : undefined,
+    ].filter((what) => what !== undefined);
+    throw new MeshError(
+      "internal",
+      `declaration ${row.sequence} of ${row.node} keeps no envelope and cannot be rebuilt: ` +
+        `${missing.join(", ")} not kept`,
+    );
+  }
+  return keptDeclarationText({
+    header: { node: row.node, epoch: row.epoch, sequence: row.sequence, issued_at: row.issued_at },
+    itemsText: row.items,
+    digest: row.digest,
+    signature: row.signature,
+    signer: row.signer,
+  });
 }
 
 /** The units column as written by `recordMany`: a JSON list of names. */

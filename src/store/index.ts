@@ -7,7 +7,14 @@ export type { NodeState } from "./schema.js";
 export { tokenStatus, tokenStatuses } from "./tokens.js";
 export type { NewToken, TokenRecord, TokenStatus } from "./tokens.js";
 export type { Enrolment, FleetRecord, NodeRecord, NodeStanding } from "./nodes.js";
-export type { DeclarationRecord, LatestOrder, LatestSent } from "./declarations.js";
+export type {
+  DeclarationRecord,
+  KeptItems,
+  LatestOrder,
+  LatestSent,
+  NewDeclaration,
+} from "./declarations.js";
+export { itemsKeptUnusedMs, keptItems } from "./declarations.js";
 export { digestKey, sequenceKey } from "./declarations.js";
 export type { AccountRecord } from "./accounts.js";
 export type { MeshEvent, StoredEvent } from "./events.js";

@@ -312,6 +312,64 @@ const validTokensByExpiry: NumberedMigration = () => ({
   },
 });
 
+/**
+ * Each composition's items kept once (`declaration_items`), and each declaration as its header, its items' key and
+ * its seal: a roll-out to 10,000 nodes of a few compositions wrote each composition's items 10,000 times, a kilobyte
+ * or more each, and a node's whole history of them. The envelope column stays for the declarations already kept,
+ * and may be empty from now on (SQLite cannot drop a NOT NULL: its table is copied into one without it).
+ */
+const compositionsApart: NumberedMigration = (dialect) => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema
+      .createTable("declaration_items")
+      .addColumn("key", "text", (c) => c.primaryKey())
+      .addColumn("items", "text", (c) => c.notNull())
+      .addColumn("used_at", "text", (c) => c.notNull())
+      .execute();
+    if (dialect === "postgres") {
+      await db.schema
+        .alterTable("declarations")
+        .alterColumn("envelope", (c) => c.dropNotNull())
+        .execute();
+      for (const column of ["items_key", "signature", "signer"]) {
+        await db.schema.alterTable("declarations").addColumn(column, "text").execute();
+      }
+      return;
+    }
+    // One transaction: a copy stopped part-way leaves the old table as it was.
+    await sql`begin`.execute(db);
+    try {
+      await sql`create table declarations_next (
+        node text not null references nodes(name),
+        sequence integer not null,
+        epoch integer not null,
+        issued_at text not null,
+        digest text not null,
+        envelope text,
+        units text not null default '[]',
+        items_key text,
+        signature text,
+        signer text,
+        constraint declarations_pk primary key (node, sequence)
+      )`.execute(db);
+      await sql`insert into declarations_next (node, sequence, epoch, issued_at, digest, envelope, units)
+        select node, sequence, epoch, issued_at, digest, envelope, units from declarations`.execute(db);
+      await sql`drop table declarations`.execute(db);
+      await sql`alter table declarations_next rename to declarations`.execute(db);
+      await db.schema
+        .createIndex("declarations_digest")
+        .on("declarations")
+        .columns(["node", "digest"])
+        .execute();
+      await sql`commit`.execute(db);
+    } catch (error) {
+      await sql`rollback`.execute(db);
+      throw error;
+    }
+  },
+  // No way down: the declarations kept since have no envelope of their own to go back to.
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
@@ -326,6 +384,7 @@ const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0011_plan_rollout", planRollout],
   ["0012_overlay_addresses", overlayAddresses],
   ["0013_valid_tokens_by_expiry", validTokensByExpiry],
+  ["0014_compositions_apart", compositionsApart],
 ];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {

@@ -45,10 +45,27 @@ export interface DeclarationTable {
   epoch: number;
   issued_at: string;
   digest: string;
-  /** The signed envelope exactly as sent (JSON text). */
-  envelope: string;
+  /**
+   * The signed envelope exactly as sent (JSON text): kept whole only by declarations from before their compositions
+   * were kept apart. Later ones keep `items_key`, `signature` and `signer`, and the envelope is rebuilt from them.
+   */
+  envelope: string | null;
   /** The plan's units it was composed from (a JSON list of names). */
   units: Generated<string>;
+  /** The key of its items' text in `declaration_items`. */
+  items_key: string | null;
+  /** The envelope's signature and signer (base64; `SHA256:…`). */
+  signature: string | null;
+  signer: string | null;
+}
+
+/** Each composition's items as its declarations carried them, kept once however many nodes were sent them. */
+export interface DeclarationItemsTable {
+  /** SHA-256 (hex) of `items`. */
+  key: string;
+  items: string;
+  /** When a declaration last referred to it: a composition in use is never pruned, even between two writes. */
+  used_at: string;
 }
 
 export interface AccountTable {
@@ -168,6 +185,7 @@ export interface Database {
   nodes: NodeTable;
   tokens: TokenTable;
   declarations: DeclarationTable;
+  declaration_items: DeclarationItemsTable;
   accounts: AccountTable;
   events: EventTable;
   controller_epoch: ControllerEpochTable;

@@ -12,7 +12,7 @@ import { emptyDigest, encodeMessage } from "../../src/link/index.js";
 import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
 import { reportOfNothing } from "../support/reports.js";
-import { enrolled, storeBackends } from "../support/stores.js";
+import { enrolled, keptParts, storeBackends } from "../support/stores.js";
 
 /** What ingest sends back: receipts only, in these cases; anything else it tried to send fails the test. */
 const receipts: Array<{ node: string; receipt: unknown }> = [];
@@ -401,7 +401,7 @@ for (const backend of storeBackends) {
           epoch: 1,
           issuedAt: clock.toISOString(),
           digest: emptyDigest,
-          envelope: "{}",
+          ...keptParts(),
           units: [],
         },
       ]);

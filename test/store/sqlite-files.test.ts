@@ -9,9 +9,10 @@ import { openSync, readdirSync, readlinkSync, readSync, closeSync, statSync } fr
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { logKeptBytes } from "../../src/store/checkpoints.js";
-import type { DeclarationRecord, MeshEvent, Store } from "../../src/store/index.js";
+import type { MeshEvent, NewDeclaration, Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
 import { eventually } from "../support/processes.js";
+import { keptParts } from "../support/stores.js";
 import { tempDir } from "../support/tmp.js";
 
 /** The temporary files SQLite has open in this process (it deletes them as it opens them). */
@@ -104,14 +105,15 @@ describe("a SQLite store's files under load", () => {
           seen.push(...temporaryFilesOpen());
         });
       }
-      // Declarations of a plan's size (about 1.8 kB), a chunk of 250 nodes at a time as a roll-out records them.
-      const declaration = (node: string): DeclarationRecord => ({
+      // Declarations of a plan's size (about 1.8 kB of items), each a composition of its own (the most a roll-out
+      // writes), a chunk of 250 nodes at a time as a roll-out records them.
+      const declaration = (node: string): NewDeclaration => ({
         node,
         sequence: 1,
         epoch: 1,
         issuedAt: "2026-01-01T00:00:01.000Z",
         digest: `sha256:${node}`,
-        envelope: JSON.stringify({ node, filler: "y".repeat(1800) }),
+        ...keptParts(JSON.stringify([{ node, filler: "y".repeat(1800) }])),
         units: ["web", "base"],
       });
       await store.transaction(async (tx) => {

@@ -3,7 +3,7 @@ import { after, before, describe, test } from "node:test";
 import { StoreError, UsageError } from "../../src/errors.js";
 import type { Store } from "../../src/store/index.js";
 import { digestKey, openStore } from "../../src/store/index.js";
-import { storeBackends } from "../support/stores.js";
+import { keptParts, storeBackends } from "../support/stores.js";
 
 const options = { historyLimit: 3 };
 const at = (seconds: number) => new Date(Date.UTC(2026, 0, 1, 0, 0, seconds)).toISOString();
@@ -214,7 +214,7 @@ for (const backend of storeBackends) {
           epoch: 7,
           issuedAt: at(sequence),
           digest: `sha256:${sequence}`,
-          envelope: `{"n":${sequence}}`,
+          ...keptParts(),
         });
       }
       assert.equal((await store.declarations.latest("decl-1"))?.sequence, 5);
@@ -250,7 +250,7 @@ for (const backend of storeBackends) {
         epoch: 7,
         issuedAt: at(sequence),
         digest: `sha256:${node}:${sequence}`,
-        envelope: `{"n":${sequence}}`,
+        ...keptParts(),
       });
       // trim-a past the history in one batch and again in the next; trim-b up to it exactly; trim-c once.
       await store.declarations.recordMany([
@@ -361,7 +361,7 @@ for (const backend of storeBackends) {
         epoch,
         issuedAt: at(sequence),
         digest,
-        envelope: "{}",
+        ...keptParts(),
       });
       // order-a holds the same digest twice (declared, changed, declared back): the newer counts.
       await store.declarations.recordMany([

@@ -1,8 +1,8 @@
 /** The store backends every store test runs against: a SQLite file and a fresh PostgreSQL database. */
 import { join } from "node:path";
 import { after, before } from "node:test";
-import type { Store, StoreOptions } from "../../src/store/index.js";
-import { openStore } from "../../src/store/index.js";
+import type { NewDeclaration, Store, StoreOptions } from "../../src/store/index.js";
+import { keptItems, openStore } from "../../src/store/index.js";
 import { scratchDatabase } from "./postgres.js";
 import { tempDir } from "./tmp.js";
 
@@ -70,4 +70,16 @@ export function freshStoreForSuite(
     await store?.close();
     await location?.cleanup();
   });
+}
+
+/**
+ * What a recorded declaration keeps besides its header, for store tests that do not sign: its items' text (by
+ * default none) and a seal no node is shown. A declaration read back has its envelope rebuilt from these.
+ */
+export function keptParts(itemsText = "[]"): Pick<NewDeclaration, "items" | "signature" | "signer"> {
+  return {
+    items: keptItems(itemsText),
+    signature: Buffer.alloc(64).toString("base64"),
+    signer: `SHA256:${"A".repeat(43)}`,
+  };
 }

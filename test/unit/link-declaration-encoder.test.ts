@@ -8,7 +8,8 @@ import { generateKeyPairSync } from "node:crypto";
 import { describe, test } from "node:test";
 import fc from "fast-check";
 
-import { fingerprint, sealDeclaration } from "../../src/keys/index.js";
+import { KeyError } from "../../src/errors.js";
+import { fingerprint, openDeclaration, sealDeclaration } from "../../src/keys/index.js";
 import type { DeclaredItem } from "../../src/link/index.js";
 import {
   ContractError,
@@ -16,7 +17,9 @@ import {
   encodeMessage,
   envelopeText,
   itemsDigest,
+  keptDeclarationText,
   maxMessageBytes,
+  parseDeclarationEnvelope,
 } from "../../src/link/index.js";
 
 const decoder = new TextDecoder();
@@ -121,6 +124,54 @@ describe("envelopeText", () => {
         assert.equal(envelopeText(envelope), decoder.decode(encodeMessage(envelope)));
       }),
       { numRuns: 100 },
+    );
+  });
+});
+
+describe("keptDeclarationText", () => {
+  test("rebuilds, from the header, the items' text and the seal, the envelope that was sent, byte for byte", () => {
+    const { privateKey, publicKey } = generateKeyPairSync("ed25519");
+    const signer = fingerprint(publicKey);
+    fc.assert(
+      fc.property(itemsArbitrary, header, (items, one) => {
+        const digest = itemsDigest(items);
+        const encode = declarationEncoder(items, digest);
+        const envelope = sealDeclaration(encode(one), privateKey, signer);
+        const itemsText = encode.itemsText;
+        assert.ok(itemsText !== undefined, "the items' text is known once one declaration was encoded");
+        const rebuilt = keptDeclarationText({
+          header: one,
+          itemsText,
+          digest,
+          signature: envelope.signature,
+          signer: envelope.signer,
+        });
+        assert.equal(rebuilt, envelopeText(envelope));
+        assert.deepEqual(openDeclaration(parseDeclarationEnvelope(JSON.parse(rebuilt)), publicKey), encode(one));
+      }),
+      { numRuns: 100 },
+    );
+  });
+
+  test("a kept declaration whose parts were altered no longer opens: the node refuses it", () => {
+    const { privateKey, publicKey } = generateKeyPairSync("ed25519");
+    const items = [file("/etc/motd", "hello\n")];
+    const digest = itemsDigest(items);
+    const encode = declarationEncoder(items, digest);
+    const one = { node: "kept-1", epoch: 3, sequence: 9, issued_at: "2026-11-30T12:00:00.000Z" };
+    const { signature, signer } = sealDeclaration(encode(one), privateKey, fingerprint(publicKey));
+    const kept = { header: one, itemsText: encode.itemsText ?? "", digest, signature, signer };
+    const altered = [
+      { ...kept, header: { ...one, sequence: 10 } },
+      { ...kept, itemsText: JSON.stringify([file("/etc/motd", "changed\n")]) },
+    ];
+    for (const one of altered) {
+      const envelope = parseDeclarationEnvelope(JSON.parse(keptDeclarationText(one)));
+      assert.throws(() => openDeclaration(envelope, publicKey), KeyError);
+    }
+    assert.throws(
+      () => keptDeclarationText({ ...kept, header: { ...one, node: "Not A Node" } }),
+      (error: unknown) => error instanceof ContractError && /declaration/.test(error.message),
     );
   });
 });
