@@ -107,8 +107,27 @@ export async function readFleet(store: Store, now: Date, outOfTouchAfterMs: numb
   return { nodes, away, overlayKeys, addresses: await store.overlay.addresses() };
 }
 
+/**
+ * The profiles read so far, by the text a node sent: a roll-out reads the whole fleet, and a fleet's profiles change
+ * only when a node enrols again. Shared by the nodes that sent the same text (allot only reads them); emptied
+ * whenever it grows past `profilesKept` texts, so a fleet's churn cannot grow it without bound.
+ */
+const profilesRead = new Map<string, FleetNode["profile"]>();
+const profilesKept = 100_000;
+
 /** The profile a node sent at enrolment, as allot needs it; checked when it was received, read leniently here. */
 function profileOf(node: string, text: string | null): FleetNode["profile"] {
+  if (text === null) return readProfile(node, text);
+  let profile = profilesRead.get(text);
+  if (profile === undefined) {
+    profile = readProfile(node, text);
+    if (profilesRead.size >= profilesKept) profilesRead.clear();
+    profilesRead.set(text, profile);
+  }
+  return profile;
+}
+
+function readProfile(node: string, text: string | null): FleetNode["profile"] {
   const value = (text === null ? {} : JSON.parse(text)) as Partial<Record<string, unknown>>;
   const labels = value.labels;
   const drivers = value.drivers;

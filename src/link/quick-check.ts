@@ -30,7 +30,8 @@ export function isNodeName(value: unknown): value is string {
   return typeof value === "string" && nodeNamePattern.test(value);
 }
 
-function isTimestamp(value: unknown): value is string {
+/** A timestamp as the schema takes one. */
+export function isTimestamp(value: unknown): value is string {
   return typeof value === "string" && timestampPattern.test(value);
 }
 
