@@ -147,7 +147,10 @@ describe("keptDeclarationText", () => {
           signer: envelope.signer,
         });
         assert.equal(rebuilt, envelopeText(envelope));
-        assert.deepEqual(openDeclaration(parseDeclarationEnvelope(JSON.parse(rebuilt)), publicKey), encode(one));
+        assert.deepEqual(
+          openDeclaration(parseDeclarationEnvelope(JSON.parse(rebuilt)), publicKey),
+          encode(one),
+        );
       }),
       { numRuns: 100 },
     );
