@@ -5,9 +5,15 @@
 import type { ControlBus } from "../bus/index.js";
 import { MeshError } from "../errors.js";
 import type { SigningIdentity } from "../keys/index.js";
-import { sealDeclarationsOffThread } from "../keys/index.js";
+import { sealDeclarationTextsOffThread } from "../keys/index.js";
 import type { DeclarationEncoder, DeclaredItem, UnitContents } from "../link/index.js";
-import { checkContents, declarationEncoder, envelopeText, unitContentsSchema } from "../link/index.js";
+import {
+  checkContents,
+  declarationEncoder,
+  envelopeWithinBound,
+  envelopeWrapping,
+  unitContentsSchema,
+} from "../link/index.js";
 import { errorText } from "../log.js";
 import type { KeptItems, MeshEvent, Store } from "../store/index.js";
 import { keptItems } from "../store/index.js";
@@ -107,21 +113,32 @@ export async function sendDeclarations(
     }
     return { node, sequence, target, items: composition.kept, bytes };
   };
+  // Each envelope's text is written on the signing threads, as `envelopeText` writes it.
+  const wrapping = envelopeWrapping(context.signing.fingerprint);
   /** A chunk's declarations sealed, or why they could not be: never a rejection left unawaited. */
   const seal = async (start: number) => {
     try {
       const chunk = names.slice(start, start + declarationChunk).map(compose);
       const { privateKey, fingerprint } = context.signing;
-      const envelopes = await sealDeclarationsOffThread(
+      const sealed = await sealDeclarationTextsOffThread(
         chunk.map(({ bytes }) => bytes),
         privateKey,
         fingerprint,
+        wrapping,
       );
       const composed = chunk.map(({ node, sequence, target, items }, i) => {
-        const envelope = envelopes[i];
-        if (envelope === undefined) throw new MeshError("internal", `no envelope was sealed for ${node}`);
-        const { signature, signer } = envelope;
-        return { node, sequence, target, items, signature, signer, envelope: envelopeText(envelope) };
+        const envelope = sealed.envelopes[i];
+        const signature = sealed.signatures[i];
+        if (envelope === undefined || signature === undefined)
+          throw new MeshError("internal", `no envelope was sealed for ${node}`);
+        return {
+          node,
+          sequence,
+          target,
+          items,
+          signature,
+          envelope: envelopeWithinBound(envelope),
+        };
       });
       return { composed };
     } catch (error) {
@@ -157,7 +174,7 @@ export async function sendDeclarations(
       const logging = unlogged;
       await store.transaction(async (tx) => {
         await tx.declarations.recordMany(
-          composed.map(({ node, sequence, target, items, signature, signer }) => ({
+          composed.map(({ node, sequence, target, items, signature }) => ({
             node,
             sequence,
             epoch,
@@ -165,7 +182,7 @@ export async function sendDeclarations(
             digest: target.digest,
             items,
             signature,
-            signer,
+            signer: context.signing.fingerprint,
             units: target.units,
           })),
         );
@@ -173,9 +190,7 @@ export async function sendDeclarations(
       });
       unlogged = [];
       recorded = composed.map(({ node }) => node);
-      await context.bus.publishDeclarations(
-        composed.map(({ node, envelope }) => ({ node, envelope: Buffer.from(envelope) })),
-      );
+      await context.bus.publishDeclarations(composed.map(({ node, envelope }) => ({ node, envelope })));
       recorded = [];
       for (const { node, sequence, target } of composed)
         sent.push({ node, sequence, epoch, digest: target.digest });

@@ -2,6 +2,7 @@ import type { KeyObject } from "node:crypto";
 import { KeyError } from "../errors.js";
 import { decodeCanonicalBase64 } from "./base64.js";
 import { fingerprint, fingerprintsEqual } from "./fingerprint.js";
+import type { EnvelopeWrapping } from "./sign-pool.js";
 import { SigningPool } from "./sign-pool.js";
 import { sign, signingPublicKeyOf, signOffThread, verify, verifyOffThread } from "./signing.js";
 
@@ -79,18 +80,64 @@ export async function sealDeclarationsOffThread(
       declarations.map(async (bytes) => envelopeOf(bytes, await signOffThread(bytes, privateKey), signer)),
     );
   }
-  let pool = pools.get(privateKey);
-  if (pool === undefined) {
-    pool = new SigningPool(privateKey);
-    pools.set(privateKey, pool);
-  }
-  const signatures = await pool.signAll(declarations);
+  const signatures = await poolOf(privateKey).signAll(declarations);
   return declarations.map((bytes, i) => {
     const signature = signatures[i];
     if (signature === undefined)
       throw new KeyError(`declaration ${i + 1} of ${declarations.length} was not signed`);
     return envelopeOf(bytes, signature, signer);
   });
+}
+
+/** Declarations sealed and written out: each envelope's bytes, ready to send, and its signature (base64). */
+export interface SealedTexts {
+  envelopes: Uint8Array[];
+  signatures: string[];
+}
+
+/**
+ * Seals many declarations as {@link sealDeclarationsOffThread} does and writes each envelope's text as well, around
+ * its payload and signature as `wrapping` says (the caller's wire format): on the signing threads with the
+ * signatures, for a large batch, so the thread that records and sends them only hands them on.
+ */
+export async function sealDeclarationTextsOffThread(
+  declarations: readonly Uint8Array[],
+  privateKey: KeyObject,
+  signer: string,
+  wrapping: EnvelopeWrapping,
+): Promise<SealedTexts> {
+  checkSigner(privateKey, signer);
+  const base64 = (bytes: Uint8Array) =>
+    Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString("base64");
+  if (declarations.length < batchSigningFrom) {
+    const signatures = await Promise.all(declarations.map((bytes) => signOffThread(bytes, privateKey)));
+    const encoder = new TextEncoder();
+    return {
+      envelopes: declarations.map((bytes, i) =>
+        encoder.encode(
+          wrapping.head +
+            base64(bytes) +
+            wrapping.mid +
+            base64(signatures[i] ?? new Uint8Array()) +
+            wrapping.tail,
+        ),
+      ),
+      signatures: signatures.map(base64),
+    };
+  }
+  const { signatures, envelopes } = await poolOf(privateKey).sealAll(declarations, wrapping);
+  if (envelopes.length !== declarations.length)
+    throw new KeyError(`${envelopes.length} of ${declarations.length} declarations were sealed`);
+  return { envelopes, signatures: signatures.map(base64) };
+}
+
+function poolOf(privateKey: KeyObject): SigningPool {
+  let pool = pools.get(privateKey);
+  if (pool === undefined) {
+    pool = new SigningPool(privateKey);
+    pools.set(privateKey, pool);
+  }
+  return pool;
 }
 
 function checkSigner(privateKey: KeyObject, signer: string): void {

@@ -28,9 +28,11 @@ export {
   openDeclarationOffThread,
   sealDeclaration,
   sealDeclarationsOffThread,
+  sealDeclarationTextsOffThread,
   batchSigningFrom,
 } from "./envelope.js";
-export type { DeclarationEnvelope, SealedDeclaration } from "./envelope.js";
+export type { DeclarationEnvelope, SealedDeclaration, SealedTexts } from "./envelope.js";
+export type { EnvelopeWrapping } from "./sign-pool.js";
 export { generateOverlayKeyPair, overlayKeyLength, overlayPublicKeyOf } from "./overlay.js";
 export type { OverlayKeyPair } from "./overlay.js";
 export {

@@ -24,13 +24,41 @@ export function signingThreads(cores = availableParallelism()): number {
 
 /**
  * The thread's code: CommonJS, a string because each command is one bundled file. It signs each batch it is given
- * with the key it was started with and answers with the signatures end to end, or with why it could not.
+ * with the key it was started with and answers with the signatures end to end, or with why it could not. A batch to
+ * seal (`texts`) also comes back as each message's envelope: its text written around the message's base64 and its
+ * signature's (`head`, payload, `mid`, signature, `tail`), the texts end to end as bytes with where each ends.
  */
 const threadCode = `
 const { parentPort, workerData } = require("node:worker_threads");
 const { sign } = require("node:crypto");
-parentPort.on("message", ({ id, messages }) => {
+const seal = ({ bytes, ends, head, mid, tail }) => {
+  const signatures = new Uint8Array(ends.length * ${signatureBytes});
+  const texts = [];
+  const textEnds = new Uint32Array(ends.length);
+  let start = 0;
+  let written = 0;
+  for (let i = 0; i < ends.length; i++) {
+    const message = bytes.subarray(start, ends[i]);
+    const signature = sign(null, message, workerData.key);
+    signatures.set(signature, i * ${signatureBytes});
+    const text = head + Buffer.from(message.buffer, message.byteOffset, message.byteLength).toString("base64") +
+      mid + signature.toString("base64") + tail;
+    texts.push(text);
+    written += Buffer.byteLength(text);
+    textEnds[i] = written;
+    start = ends[i];
+  }
+  const out = new Uint8Array(written);
+  new TextEncoder().encodeInto(texts.join(""), out);
+  return { signatures, texts: out, ends: textEnds };
+};
+parentPort.on("message", ({ id, messages, texts }) => {
   try {
+    if (texts !== undefined) {
+      const sealed = seal(texts);
+      parentPort.postMessage({ id, ...sealed }, [sealed.signatures.buffer, sealed.texts.buffer, sealed.ends.buffer]);
+      return;
+    }
     const signatures = new Uint8Array(messages.length * ${signatureBytes});
     messages.forEach((message, i) => signatures.set(sign(null, message, workerData.key), i * ${signatureBytes}));
     parentPort.postMessage({ id, signatures }, [signatures.buffer]);
@@ -41,10 +69,26 @@ parentPort.on("message", ({ id, messages }) => {
 });
 `;
 
-type ThreadAnswer = { id: number; signatures: Uint8Array } | { id: number; error: string };
+/** How an envelope's text is written around its payload and its signature (both base64). */
+export interface EnvelopeWrapping {
+  head: string;
+  mid: string;
+  tail: string;
+}
+
+/** Messages sealed on a thread: their signatures end to end, and their envelopes' texts end to end as bytes. */
+interface SealedPart {
+  signatures: Uint8Array;
+  texts: Uint8Array;
+  ends: Uint32Array;
+}
+
+type ThreadAnswer =
+  | { id: number; signatures: Uint8Array; texts?: Uint8Array; ends?: Uint32Array }
+  | { id: number; error: string };
 
 interface Pending {
-  resolve: (signatures: Uint8Array) => void;
+  resolve: (answer: { signatures: Uint8Array; texts?: Uint8Array; ends?: Uint32Array }) => void;
   reject: (error: Error) => void;
 }
 
@@ -63,7 +107,7 @@ class SigningThread {
       this.pending.delete(answer.id);
       if (this.pending.size === 0) this.worker.unref();
       if ("error" in answer) waiting.reject(new KeyError(`signing failed: ${answer.error}`));
-      else waiting.resolve(answer.signatures);
+      else waiting.resolve(answer);
     });
     this.worker.on("error", (error) =>
       this.fail(new KeyError(`the signing thread failed: ${error.message}`)),
@@ -84,14 +128,33 @@ class SigningThread {
     return this.pending.size;
   }
 
-  sign(messages: readonly Uint8Array[]): Promise<Uint8Array> {
+  async sign(messages: readonly Uint8Array[]): Promise<Uint8Array> {
+    return (await this.ask({ messages })).signatures;
+  }
+
+  /** Seals `messages` (end to end in `bytes`, each ending at its place in `ends`), both handed over to the thread. */
+  async seal(
+    bytes: Uint8Array<ArrayBuffer>,
+    ends: Uint32Array<ArrayBuffer>,
+    wrapping: EnvelopeWrapping,
+  ): Promise<SealedPart> {
+    const answer = await this.ask({ texts: { bytes, ends, ...wrapping } }, [bytes.buffer, ends.buffer]);
+    if (answer.texts === undefined || answer.ends === undefined)
+      throw new KeyError("a signing thread answered a batch to seal with signatures alone");
+    return { signatures: answer.signatures, texts: answer.texts, ends: answer.ends };
+  }
+
+  private ask(
+    message: object,
+    transfer: ArrayBuffer[] = [],
+  ): Promise<{ signatures: Uint8Array; texts?: Uint8Array; ends?: Uint32Array }> {
     if (this.gone !== undefined) return Promise.reject(this.gone);
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
       // The process waits for the answer as it waits for any I/O under way.
       if (this.pending.size === 0) this.worker.ref();
       this.pending.set(id, { resolve, reject });
-      this.worker.postMessage({ id, messages });
+      this.worker.postMessage({ id, ...message }, transfer);
     });
   }
 
@@ -125,14 +188,7 @@ export class SigningPool {
   /** Each message's 64-byte Ed25519 signature, in the messages' order: the same bytes `sign` gives. */
   async signAll(messages: readonly Uint8Array[]): Promise<Uint8Array[]> {
     if (messages.length === 0) return [];
-    this.threads = this.threads.filter((thread) => thread.usable);
-    while (this.threads.length < this.size) this.threads.push(new SigningThread(this.key));
-    // The least loaded threads first; a batch smaller than the threads does not wake them all.
-    const threads = [...this.threads].sort((a, b) => a.load - b.load);
-    const each = Math.ceil(messages.length / Math.min(threads.length, messages.length));
-    const parts = Array.from({ length: Math.ceil(messages.length / each) }, (_, i) =>
-      messages.slice(i * each, (i + 1) * each),
-    );
+    const { threads, parts } = this.share(messages);
     const answers = await Promise.all(
       threads.slice(0, parts.length).map((thread, i) => thread.sign(parts[i] ?? [])),
     );
@@ -144,6 +200,59 @@ export class SigningPool {
         signatures.subarray(j * signatureBytes, (j + 1) * signatureBytes),
       );
     });
+  }
+
+  /**
+   * Each message sealed: its signature and its envelope's text as bytes (`wrapping` around its base64 and its
+   * signature's), in the messages' order. The messages are copied end to end once and handed to the threads, and
+   * the envelopes come back the same way: nothing is copied per message between the threads.
+   */
+  async sealAll(
+    messages: readonly Uint8Array[],
+    wrapping: EnvelopeWrapping,
+  ): Promise<{ signatures: Uint8Array[]; envelopes: Uint8Array[] }> {
+    if (messages.length === 0) return { signatures: [], envelopes: [] };
+    const { threads, parts } = this.share(messages);
+    const answers = await Promise.all(
+      parts.map((part, i) => {
+        const thread = threads[i];
+        if (thread === undefined) throw new KeyError(`no signing thread for part ${i + 1}`);
+        const ends = new Uint32Array(part.length);
+        let total = 0;
+        part.forEach((message, j) => (ends[j] = total += message.byteLength));
+        const bytes = new Uint8Array(total);
+        part.forEach((message, j) => bytes.set(message, (ends[j] ?? 0) - message.byteLength));
+        return thread.seal(bytes, ends, wrapping);
+      }),
+    );
+    const signatures: Uint8Array[] = [];
+    const envelopes: Uint8Array[] = [];
+    answers.forEach((answer, i) => {
+      const count = parts[i]?.length ?? 0;
+      if (answer.signatures.byteLength !== count * signatureBytes || answer.ends.length !== count)
+        throw new KeyError(`a signing thread answered ${answer.ends.length} envelopes for ${count}`);
+      let start = 0;
+      for (let j = 0; j < count; j++) {
+        const end = answer.ends[j] ?? 0;
+        signatures.push(answer.signatures.subarray(j * signatureBytes, (j + 1) * signatureBytes));
+        envelopes.push(answer.texts.subarray(start, end));
+        start = end;
+      }
+    });
+    return { signatures, envelopes };
+  }
+
+  /** The usable threads, started where missing, and the batch in one part per thread it needs. */
+  private share(messages: readonly Uint8Array[]): { threads: SigningThread[]; parts: Uint8Array[][] } {
+    this.threads = this.threads.filter((thread) => thread.usable);
+    while (this.threads.length < this.size) this.threads.push(new SigningThread(this.key));
+    // The least loaded threads first; a batch smaller than the threads does not wake them all.
+    const threads = [...this.threads].sort((a, b) => a.load - b.load);
+    const each = Math.ceil(messages.length / Math.min(threads.length, messages.length));
+    const parts = Array.from({ length: Math.ceil(messages.length / each) }, (_, i) =>
+      messages.slice(i * each, (i + 1) * each),
+    );
+    return { threads, parts };
   }
 
   /** Ends every thread; batches still under way fail. */

@@ -59,6 +59,8 @@ export {
   encodeMessage,
   encodeReceipt,
   envelopeText,
+  envelopeWithinBound,
+  envelopeWrapping,
   keptDeclarationText,
   maxMessageBytes,
   parseAlive,

@@ -295,6 +295,29 @@ export function envelopeText(envelope: DeclarationEnvelope): string {
   return text;
 }
 
+/**
+ * How `envelopeText` writes an envelope of `signer` around its payload and its signature: the text before the
+ * payload, between it and the signature, and after it. Taken from `envelopeText` itself, so a fleet's envelopes
+ * written from it (on the signing threads) are the same text byte for byte.
+ */
+export function envelopeWrapping(signer: string): { head: string; mid: string; tail: string } {
+  const payload = "<payload>";
+  const signature = "<signature>";
+  const text = envelopeText({ kind: "declaration_envelope", payload, signature, signer });
+  const [head, rest, ...more] = text.split(payload);
+  const [mid, tail, ...after] = rest?.split(signature) ?? [];
+  if (head === undefined || mid === undefined || tail === undefined || more.length > 0 || after.length > 0)
+    throw new ContractError(
+      `declaration_envelope: the signer ${JSON.stringify(signer)} cannot be written around`,
+    );
+  return { head, mid, tail };
+}
+
+/** An envelope's bytes, if they are within the size every message keeps to. */
+export function envelopeWithinBound(bytes: Uint8Array): Uint8Array {
+  return withinBound("declaration_envelope", bytes);
+}
+
 /** The bytes, if a message of `kind` may be that long. */
 function withinBound(kind: MessageKind, bytes: Uint8Array): Uint8Array {
   if (bytes.byteLength > maxMessageBytes) {

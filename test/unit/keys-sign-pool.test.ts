@@ -14,9 +14,12 @@ import {
   fingerprint,
   generateSigningKeyPair,
   openDeclaration,
+  sealDeclaration,
   sealDeclarationsOffThread,
+  sealDeclarationTextsOffThread,
   sign,
 } from "../../src/keys/index.js";
+import { envelopeText, envelopeWrapping, parseDeclarationEnvelope } from "../../src/link/index.js";
 import { SigningPool, signingThreads } from "../../src/keys/sign-pool.js";
 import { tempDir } from "../support/tmp.js";
 
@@ -99,6 +102,40 @@ describe("keys — signing threads", () => {
       });
     });
   }
+
+  for (const count of [1, batchSigningFrom - 1, batchSigningFrom, 250]) {
+    test(`sealing ${count} declarations with their texts — each envelope is envelopeText's, byte for byte, and opens`, async () => {
+      const signer = fingerprint(key.publicKey);
+      const declarations = messages(count, "text");
+      const sealed = await sealDeclarationTextsOffThread(
+        declarations,
+        key.privateKey,
+        signer,
+        envelopeWrapping(signer),
+      );
+      assert.equal(sealed.envelopes.length, count);
+      declarations.forEach((declaration, i) => {
+        const expected = envelopeText(sealDeclaration(declaration, key.privateKey, signer));
+        assert.equal(new TextDecoder().decode(sealed.envelopes[i]), expected, `envelope ${i}`);
+        assert.equal(sealed.signatures[i], parseDeclarationEnvelope(JSON.parse(expected)).signature);
+      });
+    });
+  }
+
+  test("sealing with texts on three threads — every part's envelopes in the batch's order", async () => {
+    const signer = fingerprint(key.publicKey);
+    const declarations = messages(251, "parts");
+    const sealed = await pool(3).sealAll(declarations, envelopeWrapping(signer));
+    assert.equal(sealed.envelopes.length, 251);
+    declarations.forEach((declaration, i) => {
+      const envelope = parseDeclarationEnvelope(JSON.parse(new TextDecoder().decode(sealed.envelopes[i])));
+      assert.deepEqual(openDeclaration(envelope, key.publicKey), declaration, `envelope ${i}`);
+      assert.deepEqual(
+        Buffer.from(sealed.signatures[i] ?? []),
+        Buffer.from(sign(declaration, key.privateKey)),
+      );
+    });
+  });
 
   test("sealing declarations at once — another key's fingerprint as the signer is refused before any is signed", async () => {
     const other = generateSigningKeyPair();
