@@ -52,6 +52,14 @@ export function keptItems(text: string): KeptItems {
  */
 const usedAtRefreshMs = 60 * 60_000;
 
+/**
+ * How many declarations a node may gain before its history is trimmed again. A trim is a statement of its own per
+ * node: at every declaration, a roll-out to 10,000 nodes whose histories are full ran 10,000 of them; at every tenth
+ * it runs a tenth as many. A node keeps at most `historyLimit + trimEvery - 1` declarations, and its history reads
+ * `historyLimit` of them.
+ */
+const trimEvery = 10;
+
 /** A composition no declaration refers to is pruned once it has not been used for this long (`pruneItems`). */
 export const itemsKeptUnusedMs = 24 * 60 * 60_000;
 
@@ -124,8 +132,9 @@ export class DeclarationQueries {
         );
       }
       for (const { node, sequence } of declarations) {
-        // A node with no more declarations than the history holds has nothing to drop (most of a fleet, most days).
-        if (sequence <= this.historyLimit) continue;
+        // A node with no more declarations than the history holds has nothing to drop (most of a fleet, most days);
+        // past that, its history is trimmed at every `trimEvery`th declaration.
+        if (sequence <= this.historyLimit || sequence % trimEvery !== 0) continue;
         // Everything older than the node's newest `historyLimit` declarations.
         await this.statements.run(trx, "declarations.trim", [node, node, 1, this.historyLimit - 1], () =>
           trx
@@ -156,7 +165,11 @@ export class DeclarationQueries {
 
   /** Newest first. */
   async history(node: string): Promise<DeclarationRecord[]> {
-    const rows = await this.kept().where("d.node", "=", node).orderBy("d.sequence", "desc").execute();
+    const rows = await this.kept()
+      .where("d.node", "=", node)
+      .orderBy("d.sequence", "desc")
+      .limit(this.historyLimit)
+      .execute();
     return rows.map(toRecord);
   }
 

@@ -141,12 +141,13 @@ for (const backend of storeBackends) {
       const day0 = new Date("2026-12-01T00:00:00.000Z");
       await enrolled(store, "pa-days", day0);
       await enrolled(store, "pb-held", day0);
-      // pa-days is sent four compositions, one a day: the first falls out of its history of three.
+      // pa-days is sent four compositions, one a day, the last as its tenth declaration (a history is trimmed at
+      // every tenth): the first falls out of its history of three.
       const days = [0, 1, 2, 3].map((day) => new Date(day0.getTime() + day * 24 * 60 * 60_000).toISOString());
       const composition = (day: number) => [file("/etc/day", `day ${day}\n`)];
       const keys: string[] = [];
       for (const [day, issuedAt] of days.entries()) {
-        const { kept } = sealed(["pa-days"], composition(day), day + 1, issuedAt);
+        const { kept } = sealed(["pa-days"], composition(day), day === 0 ? 1 : day + 7, issuedAt);
         keys.push(kept[0]?.items.key ?? "");
         await store.declarations.recordMany(kept);
       }
@@ -161,7 +162,7 @@ for (const backend of storeBackends) {
       assert.ok((await kept()).has(keyOf(0)), "day 0's composition is still there before the retention");
       assert.deepEqual(
         (await store.declarations.history("pa-days")).map((one) => one.sequence),
-        [4, 3, 2],
+        [10, 9, 8],
         "day 0's declaration fell out of pa-days's history",
       );
       // The retention run at `now` prunes what was last used a day or more before it.

@@ -207,8 +207,8 @@ for (const backend of storeBackends) {
         createdAt: at(0),
         expiresAt: at(60),
       });
-      for (let sequence = 1; sequence <= 5; sequence++) {
-        await store.declarations.record({
+      const record = async (sequence: number) =>
+        store.declarations.record({
           node: "decl-1",
           sequence,
           epoch: 7,
@@ -216,19 +216,28 @@ for (const backend of storeBackends) {
           digest: `sha256:${sequence}`,
           ...keptParts(),
         });
-      }
+      const orderOf = async (...sequences: number[]) =>
+        Object.fromEntries(
+          await store.declarations.ordersOfDigests(
+            sequences.map((sequence) => ({ node: "decl-1", digest: `sha256:${sequence}` })),
+          ),
+        );
+      for (let sequence = 1; sequence <= 5; sequence++) await record(sequence);
       assert.equal((await store.declarations.latest("decl-1"))?.sequence, 5);
       assert.deepEqual(
         (await store.declarations.history("decl-1")).map((d) => d.sequence),
         [5, 4, 3],
       );
-      // sha256:1 fell out of the history: no order for it any more.
-      const orders = await store.declarations.ordersOfDigests([
-        { node: "decl-1", digest: "sha256:4" },
-        { node: "decl-1", digest: "sha256:1" },
-      ]);
-      assert.deepEqual(Object.fromEntries(orders), {
-        [digestKey("decl-1", "sha256:4")]: { epoch: 7, sequence: 4 },
+      // The history is trimmed at every tenth declaration: sha256:1 is still kept, and still has its order.
+      assert.deepEqual(await orderOf(1), { [digestKey("decl-1", "sha256:1")]: { epoch: 7, sequence: 1 } });
+      for (let sequence = 6; sequence <= 10; sequence++) await record(sequence);
+      assert.deepEqual(
+        (await store.declarations.history("decl-1")).map((d) => d.sequence),
+        [10, 9, 8],
+      );
+      // At the tenth, everything behind the newest three went: no order for sha256:1 or sha256:7 any more.
+      assert.deepEqual(await orderOf(1, 7, 8), {
+        [digestKey("decl-1", "sha256:8")]: { epoch: 7, sequence: 8 },
       });
       assert.equal(await store.declarations.latest("decl-none"), undefined);
     });
@@ -252,20 +261,28 @@ for (const backend of storeBackends) {
         digest: `sha256:${node}:${sequence}`,
         ...keptParts(),
       });
-      // trim-a past the history in one batch and again in the next; trim-b up to it exactly; trim-c once.
+      // trim-a to its tenth in one batch (trimmed there) and on in the next; trim-b past the history but short of
+      // a tenth (read to its history, not yet trimmed); trim-c once.
       await store.declarations.recordMany([
-        declaration("trim-a", 1),
+        ...[1, 2, 3, 4, 5, 6, 7, 8, 9, 10].map((sequence) => declaration("trim-a", sequence)),
         declaration("trim-b", 1),
-        declaration("trim-a", 2),
-        declaration("trim-a", 3),
-        declaration("trim-a", 4),
         declaration("trim-b", 2),
+        declaration("trim-b", 3),
         declaration("trim-c", 1),
       ]);
-      await store.declarations.recordMany([declaration("trim-a", 5), declaration("trim-b", 3)]);
+      await store.declarations.recordMany([declaration("trim-a", 11), declaration("trim-b", 4)]);
       const history = async (node: string) => (await store.declarations.history(node)).map((d) => d.sequence);
-      assert.deepEqual(await history("trim-a"), [5, 4, 3]);
-      assert.deepEqual(await history("trim-b"), [3, 2, 1]);
+      assert.deepEqual(await history("trim-a"), [11, 10, 9]);
+      assert.deepEqual(await history("trim-b"), [4, 3, 2]);
+      const kept = await store.declarations.ordersOfDigests([
+        { node: "trim-a", digest: "sha256:trim-a:7" },
+        { node: "trim-a", digest: "sha256:trim-a:8" },
+        { node: "trim-b", digest: "sha256:trim-b:1" },
+      ]);
+      assert.deepEqual([...kept.keys()].sort(), [
+        digestKey("trim-a", "sha256:trim-a:8"),
+        digestKey("trim-b", "sha256:trim-b:1"),
+      ]);
       assert.deepEqual(await history("trim-c"), [1]);
     });
 
