@@ -370,6 +370,26 @@ const compositionsApart: NumberedMigration = (dialect) => ({
   // No way down: the declarations kept since have no envelope of their own to go back to.
 });
 
+/**
+ * No index of declarations by node and digest: each roll-out put one entry per node into it, each at a place of its
+ * own (a digest falls anywhere among a node's), so a roll-out wrote about one page of it per node. In a harness of a
+ * roll-out's inserts on SQLite (10,000 nodes, 30 to 40 declarations each), 190–260 ms of CPU a roll-out with it and
+ * 41–49 ms without. The one query by digest (`ordersOfDigests`) reads its nodes' few dozen declarations by the
+ * primary key instead.
+ */
+const noDeclarationsByDigest: NumberedMigration = () => ({
+  async up(db: Kysely<unknown>) {
+    await db.schema.dropIndex("declarations_digest").execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema
+      .createIndex("declarations_digest")
+      .on("declarations")
+      .columns(["node", "digest"])
+      .execute();
+  },
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
@@ -385,6 +405,7 @@ const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0012_overlay_addresses", overlayAddresses],
   ["0013_valid_tokens_by_expiry", validTokensByExpiry],
   ["0014_compositions_apart", compositionsApart],
+  ["0015_no_declarations_by_digest", noDeclarationsByDigest],
 ];
 
 export function migrationProvider(dialect: Dialect): MigrationProvider {
