@@ -1,7 +1,7 @@
 /** Declarations as sent: the latest per node and a bounded history behind it, each composition's items kept once. */
 import { createHash } from "node:crypto";
-import type { Kysely } from "kysely";
-import type { Database } from "./schema.js";
+import type { Kysely, Selectable } from "kysely";
+import type { Database, DeclarationTable } from "./schema.js";
 import { MeshError } from "../errors.js";
 import { keptDeclarationText } from "../link/index.js";
 import { rowValues, StatementTexts } from "./statements.js";
@@ -382,19 +382,8 @@ export function digestKey(node: string, digest: string): string {
   return `${node}\n${digest}`;
 }
 
-interface KeptRow {
-  node: string;
-  sequence: number;
-  epoch: number;
-  issued_at: string;
-  digest: string;
-  envelope: string | null;
-  units: string;
-  items_key: string | null;
-  signature: string | null;
-  signer: string | null;
-  items: string | null;
-}
+/** A declaration's row with its composition's items, as `kept()` reads it. */
+type KeptRow = Selectable<DeclarationTable> & { items: string | null };
 
 function toRecord(row: KeptRow): DeclarationRecord {
   return {

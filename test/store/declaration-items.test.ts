@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { generateKeyPairSync } from "node:crypto";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import SqliteDatabase from "better-sqlite3";
 import { Kysely, Migrator, PostgresDialect, SqliteDialect } from "kysely";
 import pg from "pg";
@@ -22,7 +22,7 @@ import { migrationProvider } from "../../src/store/migrations.js";
 import type { NewDeclaration, Store } from "../../src/store/index.js";
 import { itemsKeptUnusedMs, keptItems, openStore } from "../../src/store/index.js";
 import type { StoreBackend } from "../support/stores.js";
-import { enrolled, storeBackends } from "../support/stores.js";
+import { enrolled, freshStoreForSuite, storeBackends } from "../support/stores.js";
 
 const options = { historyLimit: 3 };
 const { privateKey, publicKey } = generateKeyPairSync("ed25519");
@@ -92,15 +92,11 @@ async function rawQuery(
 
 for (const backend of storeBackends) {
   describe(`declarations kept apart from their compositions (${backend.name})`, () => {
-    let location: { url: string; cleanup(): Promise<void> };
     let store: Store;
-    before(async () => {
-      location = await backend.fresh();
-      store = await openStore(location.url, options);
-    });
-    after(async () => {
-      await store.close();
-      await location.cleanup();
+    let url: string;
+    freshStoreForSuite(backend, options, (opened, at) => {
+      store = opened;
+      url = at;
     });
 
     test("a composition sent to many nodes is kept once; each envelope reads back as sent and opens", async () => {
@@ -116,7 +112,7 @@ for (const backend of storeBackends) {
       );
       await store.declarations.recordMany([...motd.kept.slice(0, 20), ...other.kept.slice(0, 5)]);
       await store.declarations.recordMany([...motd.kept.slice(20), ...other.kept.slice(5)]);
-      const rows = await rawQuery(backend, location.url, "select key, items from declaration_items");
+      const rows = await rawQuery(backend, url, "select key, items from declaration_items");
       assert.deepEqual(
         rows.map((row) => row.key).sort(),
         [motd.kept[0]?.items.key, other.kept[0]?.items.key].sort(),
@@ -124,7 +120,7 @@ for (const backend of storeBackends) {
       );
       const envelopes = await rawQuery(
         backend,
-        location.url,
+        url,
         "select count(*) as n from declarations where node like '%-once' and envelope is null",
       );
       assert.equal(Number(envelopes[0]?.n), 40, "no declaration keeps an envelope of its own");
@@ -156,9 +152,7 @@ for (const backend of storeBackends) {
       await store.declarations.recordMany(held);
       const keyOf = (day: number) => keys[day];
       const kept = async () =>
-        new Set(
-          (await rawQuery(backend, location.url, "select key from declaration_items")).map((row) => row.key),
-        );
+        new Set((await rawQuery(backend, url, "select key from declaration_items")).map((row) => row.key));
       assert.ok((await kept()).has(keyOf(0)), "day 0's composition is still there before the retention");
       assert.deepEqual(
         (await store.declarations.history("pa-days")).map((one) => one.sequence),

@@ -51,20 +51,20 @@ export async function enrolled(store: Store, node: string, at: Date, profile = "
 }
 
 /**
- * A fresh store of `backend` for one suite: opened before its tests (handed to `opened`), closed and removed after
- * them.
+ * A fresh store of `backend` for one suite: opened before its tests (handed to `opened`, with its location's URL),
+ * closed and removed after them.
  */
 export function freshStoreForSuite(
   backend: StoreBackend,
   options: StoreOptions,
-  opened: (store: Store) => void,
+  opened: (store: Store, url: string) => void,
 ): void {
   let location: { url: string; cleanup(): Promise<void> } | undefined;
   let store: Store | undefined;
   before(async () => {
     location = await backend.fresh();
     store = await openStore(location.url, options);
-    opened(store);
+    opened(store, location.url);
   });
   after(async () => {
     await store?.close();
