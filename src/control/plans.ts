@@ -92,8 +92,9 @@ export async function readFleet(store: Store, now: Date, outOfTouchAfterMs: numb
   const nodes: FleetNode[] = [];
   const away = new Map<string, number>();
   const overlayKeys = new Map<string, string>();
+  const profiles = new Map<string, FleetNode["profile"]>();
   for (const node of await store.nodes.fleet()) {
-    nodes.push({ name: node.name, profile: profileOf(node.name, node.profile) });
+    nodes.push({ name: node.name, profile: profileOf(node.name, node.profile, profiles) });
     if (node.overlayKey !== null) overlayKeys.set(node.name, node.overlayKey);
     const reading = livenessOf(node.lastSeen, now, outOfTouchAfterMs, hearing);
     if (reading.liveness === "out_of_touch" && node.lastSeen !== null) {
@@ -104,26 +105,27 @@ export async function readFleet(store: Store, now: Date, outOfTouchAfterMs: numb
       );
     }
   }
+  profilesRead = profiles;
   return { nodes, away, overlayKeys, addresses: await store.overlay.addresses() };
 }
 
 /**
- * The profiles read so far, by the text a node sent: a roll-out reads the whole fleet, and a fleet's profiles change
- * only when a node enrols again. Shared by the nodes that sent the same text (allot only reads them); emptied
- * whenever it grows past `profilesKept` texts, so a fleet's churn cannot grow it without bound.
+ * The profiles read by the last look at the fleet, by the text each node sent: a roll-out reads the whole fleet, and
+ * a fleet's profiles change only when a node enrols again. Shared by the nodes that sent the same text (allot only
+ * reads them), and replaced at each look by what that look read, so it holds no more than the fleet's own texts.
  */
-const profilesRead = new Map<string, FleetNode["profile"]>();
-const profilesKept = 100_000;
+let profilesRead = new Map<string, FleetNode["profile"]>();
 
 /** The profile a node sent at enrolment, as allot needs it; checked when it was received, read leniently here. */
-function profileOf(node: string, text: string | null): FleetNode["profile"] {
+function profileOf(
+  node: string,
+  text: string | null,
+  read: Map<string, FleetNode["profile"]>,
+): FleetNode["profile"] {
   if (text === null) return readProfile(node, text);
-  let profile = profilesRead.get(text);
-  if (profile === undefined) {
-    profile = readProfile(node, text);
-    if (profilesRead.size >= profilesKept) profilesRead.clear();
-    profilesRead.set(text, profile);
-  }
+  let profile = read.get(text) ?? profilesRead.get(text);
+  if (profile === undefined) profile = readProfile(node, text);
+  read.set(text, profile);
   return profile;
 }
 

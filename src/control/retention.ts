@@ -1,7 +1,8 @@
 /**
  * The retention. Every table that grows with what nodes send or operators issue is bounded: accounts and
- * declarations by the per-node history (and the compositions' items by the declarations that refer to them), counters by node and name, events — which grow with every decision — by age
- * and count, and tokens by how long ago they expired.
+ * declarations by the per-node history (and the compositions' items by the declarations that refer to them),
+ * counters by node and name, events — which grow with every decision — by age and count, and tokens by how long ago
+ * they expired.
  */
 import type { MeshOptions } from "../config/options.js";
 import type { Logger } from "../log.js";

@@ -65,30 +65,6 @@ export const batchSigningFrom = 64;
 /** Each key's signing threads, started by its first large batch and kept for the process's life. */
 const pools = new WeakMap<KeyObject, SigningPool>();
 
-/**
- * Seals many declarations as {@link sealDeclaration} does, in their order: a large batch signed on signing threads of
- * its own (one message to them and one back), a small one on the thread pool.
- */
-export async function sealDeclarationsOffThread(
-  declarations: readonly Uint8Array[],
-  privateKey: KeyObject,
-  signer: string,
-): Promise<DeclarationEnvelope[]> {
-  checkSigner(privateKey, signer);
-  if (declarations.length < batchSigningFrom) {
-    return Promise.all(
-      declarations.map(async (bytes) => envelopeOf(bytes, await signOffThread(bytes, privateKey), signer)),
-    );
-  }
-  const signatures = await poolOf(privateKey).signAll(declarations);
-  return declarations.map((bytes, i) => {
-    const signature = signatures[i];
-    if (signature === undefined)
-      throw new KeyError(`declaration ${i + 1} of ${declarations.length} was not signed`);
-    return envelopeOf(bytes, signature, signer);
-  });
-}
-
 /** Declarations sealed and written out: each envelope's bytes, ready to send, and its signature (base64). */
 export interface SealedTexts {
   envelopes: Uint8Array[];
@@ -96,9 +72,10 @@ export interface SealedTexts {
 }
 
 /**
- * Seals many declarations as {@link sealDeclarationsOffThread} does and writes each envelope's text as well, around
- * its payload and signature as `wrapping` says (the caller's wire format): on the signing threads with the
- * signatures, for a large batch, so the thread that records and sends them only hands them on.
+ * Seals many declarations as {@link sealDeclaration} does, in their order, and writes each envelope's text around
+ * its payload and signature as `wrapping` says (the caller's wire format): a large batch on signing threads of its
+ * own (one message to them and one back), with the texts, so the thread that records and sends them only hands
+ * them on; a small one on the thread pool.
  */
 export async function sealDeclarationTextsOffThread(
   declarations: readonly Uint8Array[],

@@ -27,7 +27,6 @@ export {
   openDeclaration,
   openDeclarationOffThread,
   sealDeclaration,
-  sealDeclarationsOffThread,
   sealDeclarationTextsOffThread,
   batchSigningFrom,
 } from "./envelope.js";

@@ -24,9 +24,9 @@ export function signingThreads(cores = availableParallelism()): number {
 
 /**
  * The thread's code: CommonJS, a string because each command is one bundled file. It signs each batch it is given
- * with the key it was started with and answers with the signatures end to end, or with why it could not. A batch to
- * seal (`texts`) also comes back as each message's envelope: its text written around the message's base64 and its
- * signature's (`head`, payload, `mid`, signature, `tail`), the texts end to end as bytes with where each ends.
+ * with the key it was started with and answers with the signatures end to end and each message's envelope: its text
+ * written around the message's base64 and its signature's (`head`, payload, `mid`, signature, `tail`), the texts end
+ * to end as bytes with where each ends; or with why it could not.
  */
 const threadCode = `
 const { parentPort, workerData } = require("node:worker_threads");
@@ -52,16 +52,10 @@ const seal = ({ bytes, ends, head, mid, tail }) => {
   new TextEncoder().encodeInto(texts.join(""), out);
   return { signatures, texts: out, ends: textEnds };
 };
-parentPort.on("message", ({ id, messages, texts }) => {
+parentPort.on("message", ({ id, texts }) => {
   try {
-    if (texts !== undefined) {
-      const sealed = seal(texts);
-      parentPort.postMessage({ id, ...sealed }, [sealed.signatures.buffer, sealed.texts.buffer, sealed.ends.buffer]);
-      return;
-    }
-    const signatures = new Uint8Array(messages.length * ${signatureBytes});
-    messages.forEach((message, i) => signatures.set(sign(null, message, workerData.key), i * ${signatureBytes}));
-    parentPort.postMessage({ id, signatures }, [signatures.buffer]);
+    const sealed = seal(texts);
+    parentPort.postMessage({ id, ...sealed }, [sealed.signatures.buffer, sealed.texts.buffer, sealed.ends.buffer]);
   } catch (error) {
     const code = error !== null && typeof error === "object" && typeof error.code === "string" ? " (" + error.code + ")" : "";
     parentPort.postMessage({ id, error: (error instanceof Error ? error.message : String(error)) + code });
@@ -83,12 +77,10 @@ interface SealedPart {
   ends: Uint32Array;
 }
 
-type ThreadAnswer =
-  | { id: number; signatures: Uint8Array; texts?: Uint8Array; ends?: Uint32Array }
-  | { id: number; error: string };
+type ThreadAnswer = ({ id: number } & SealedPart) | { id: number; error: string };
 
 interface Pending {
-  resolve: (answer: { signatures: Uint8Array; texts?: Uint8Array; ends?: Uint32Array }) => void;
+  resolve: (answer: SealedPart) => void;
   reject: (error: Error) => void;
 }
 
@@ -128,33 +120,19 @@ class SigningThread {
     return this.pending.size;
   }
 
-  async sign(messages: readonly Uint8Array[]): Promise<Uint8Array> {
-    return (await this.ask({ messages })).signatures;
-  }
-
   /** Seals `messages` (end to end in `bytes`, each ending at its place in `ends`), both handed over to the thread. */
-  async seal(
+  seal(
     bytes: Uint8Array<ArrayBuffer>,
     ends: Uint32Array<ArrayBuffer>,
     wrapping: EnvelopeWrapping,
   ): Promise<SealedPart> {
-    const answer = await this.ask({ texts: { bytes, ends, ...wrapping } }, [bytes.buffer, ends.buffer]);
-    if (answer.texts === undefined || answer.ends === undefined)
-      throw new KeyError("a signing thread answered a batch to seal with signatures alone");
-    return { signatures: answer.signatures, texts: answer.texts, ends: answer.ends };
-  }
-
-  private ask(
-    message: object,
-    transfer: ArrayBuffer[] = [],
-  ): Promise<{ signatures: Uint8Array; texts?: Uint8Array; ends?: Uint32Array }> {
     if (this.gone !== undefined) return Promise.reject(this.gone);
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
       // The process waits for the answer as it waits for any I/O under way.
       if (this.pending.size === 0) this.worker.ref();
       this.pending.set(id, { resolve, reject });
-      this.worker.postMessage({ id, ...message }, transfer);
+      this.worker.postMessage({ id, texts: { bytes, ends, ...wrapping } }, [bytes.buffer, ends.buffer]);
     });
   }
 
@@ -185,25 +163,8 @@ export class SigningPool {
     requireEd25519(key, "private");
   }
 
-  /** Each message's 64-byte Ed25519 signature, in the messages' order: the same bytes `sign` gives. */
-  async signAll(messages: readonly Uint8Array[]): Promise<Uint8Array[]> {
-    if (messages.length === 0) return [];
-    const { threads, parts } = this.share(messages);
-    const answers = await Promise.all(
-      threads.slice(0, parts.length).map((thread, i) => thread.sign(parts[i] ?? [])),
-    );
-    return answers.flatMap((signatures, i) => {
-      const expected = (parts[i]?.length ?? 0) * signatureBytes;
-      if (signatures.byteLength !== expected)
-        throw new KeyError(`a signing thread answered ${signatures.byteLength} bytes for ${expected}`);
-      return Array.from({ length: expected / signatureBytes }, (_, j) =>
-        signatures.subarray(j * signatureBytes, (j + 1) * signatureBytes),
-      );
-    });
-  }
-
   /**
-   * Each message sealed: its signature and its envelope's text as bytes (`wrapping` around its base64 and its
+   * Each message sealed: its 64-byte Ed25519 signature (the bytes `sign` gives) and its envelope's text as bytes (`wrapping` around its base64 and its
    * signature's), in the messages' order. The messages are copied end to end once and handed to the threads, and
    * the envelopes come back the same way: nothing is copied per message between the threads.
    */

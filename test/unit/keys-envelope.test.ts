@@ -7,9 +7,10 @@ import {
   openDeclaration,
   openDeclarationOffThread,
   sealDeclaration,
-  sealDeclarationsOffThread,
+  sealDeclarationTextsOffThread,
   sign,
 } from "../../src/keys/index.js";
+import { envelopeWrapping, parseDeclarationEnvelope } from "../../src/link/index.js";
 
 const declaration = {
   kind: "declaration",
@@ -186,12 +187,13 @@ void describe("declaration envelope", () => {
 
   void test("envelope — sealed and opened on the thread pool as on the caller's thread, with the same refusals", async () => {
     const bytes = encoder.encode(JSON.stringify(declaration));
-    const [envelope] = await sealDeclarationsOffThread(
+    const sealedTexts = await sealDeclarationTextsOffThread(
       [bytes],
       controlPlane.privateKey,
       controlPlaneFingerprint,
+      envelopeWrapping(controlPlaneFingerprint),
     );
-    assert.ok(envelope !== undefined);
+    const envelope = parseDeclarationEnvelope(JSON.parse(new TextDecoder().decode(sealedTexts.envelopes[0])));
     // Ed25519 is deterministic: the same key over the same bytes gives the same signature on either path.
     assert.deepEqual(envelope, sealed(bytes));
     assert.deepEqual(await openDeclarationOffThread(envelope, controlPlane.publicKey), bytes);
@@ -216,7 +218,12 @@ void describe("declaration envelope", () => {
       refusedWith(/is not the pinned signing key/),
     );
     await assert.rejects(
-      sealDeclarationsOffThread([bytes], controlPlane.privateKey, fingerprint(other.publicKey)),
+      sealDeclarationTextsOffThread(
+        [bytes],
+        controlPlane.privateKey,
+        fingerprint(other.publicKey),
+        envelopeWrapping(fingerprint(other.publicKey)),
+      ),
       refusedWith(/is not the fingerprint of the signing key/),
     );
   });

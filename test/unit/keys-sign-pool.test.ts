@@ -15,7 +15,6 @@ import {
   generateSigningKeyPair,
   openDeclaration,
   sealDeclaration,
-  sealDeclarationsOffThread,
   sealDeclarationTextsOffThread,
   sign,
 } from "../../src/keys/index.js";
@@ -24,6 +23,7 @@ import { SigningPool, signingThreads } from "../../src/keys/sign-pool.js";
 import { tempDir } from "../support/tmp.js";
 
 const key = generateSigningKeyPair();
+const wrapping = envelopeWrapping(fingerprint(key.publicKey));
 const encoder = new TextEncoder();
 const messages = (count: number, tag = "m") =>
   Array.from({ length: count }, (_, i) => encoder.encode(`${tag}-${i}-${"x".repeat(i % 17)}`));
@@ -51,7 +51,7 @@ describe("keys — signing threads", () => {
   ] as const) {
     test(`signing threads — ${size} thread(s), ${count} messages: the signatures sign() makes, in order`, async () => {
       const batch = messages(count, `s${size}`);
-      const signatures = await pool(size).signAll(batch);
+      const { signatures } = await pool(size).sealAll(batch, wrapping);
       assert.equal(signatures.length, count);
       batch.forEach((message, i) => {
         assert.deepEqual(Buffer.from(signatures[i] ?? []), Buffer.from(sign(message, key.privateKey)));
@@ -60,7 +60,7 @@ describe("keys — signing threads", () => {
   }
 
   test("signing threads — an empty batch is signed by no thread", async () => {
-    assert.deepEqual(await pool(2).signAll([]), []);
+    assert.deepEqual(await pool(2).sealAll([], wrapping), { signatures: [], envelopes: [] });
   });
 
   test("signing threads — only an Ed25519 private key is taken", () => {
@@ -72,7 +72,7 @@ describe("keys — signing threads", () => {
   test("signing threads — stopped under a batch: that batch fails, the next is signed by new threads", async () => {
     const signing = pool(2);
     const batch = messages(20_000, "big");
-    const failed = signing.signAll(batch).then(
+    const failed = signing.sealAll(batch, wrapping).then(
       () => undefined,
       (error: unknown) => error,
     );
@@ -81,27 +81,12 @@ describe("keys — signing threads", () => {
     assert.ok(failure instanceof KeyError, `the batch failed with a KeyError, not ${String(failure)}`);
     assert.match(failure.message, /signing thread/);
     const again = messages(3, "again");
-    const signatures = await signing.signAll(again);
+    const { signatures } = await signing.sealAll(again, wrapping);
     assert.deepEqual(
       Buffer.from(signatures[2] ?? []),
       Buffer.from(sign(again[2] ?? new Uint8Array(), key.privateKey)),
     );
   });
-
-  for (const count of [batchSigningFrom - 1, batchSigningFrom]) {
-    test(`sealing ${count} declarations at once — each opens with the public key, in order`, async () => {
-      const declarations = messages(count, "declaration");
-      const envelopes = await sealDeclarationsOffThread(
-        declarations,
-        key.privateKey,
-        fingerprint(key.publicKey),
-      );
-      assert.equal(envelopes.length, count);
-      envelopes.forEach((envelope, i) => {
-        assert.deepEqual(openDeclaration(envelope, key.publicKey), declarations[i]);
-      });
-    });
-  }
 
   for (const count of [1, batchSigningFrom - 1, batchSigningFrom, 250]) {
     test(`sealing ${count} declarations with their texts — each envelope is envelopeText's, byte for byte, and opens`, async () => {
@@ -140,7 +125,12 @@ describe("keys — signing threads", () => {
   test("sealing declarations at once — another key's fingerprint as the signer is refused before any is signed", async () => {
     const other = generateSigningKeyPair();
     await assert.rejects(
-      sealDeclarationsOffThread(messages(batchSigningFrom), key.privateKey, fingerprint(other.publicKey)),
+      sealDeclarationTextsOffThread(
+        messages(batchSigningFrom),
+        key.privateKey,
+        fingerprint(other.publicKey),
+        envelopeWrapping(fingerprint(other.publicKey)),
+      ),
       (error: unknown) => error instanceof KeyError && /not the fingerprint/.test(error.message),
     );
   });
@@ -150,12 +140,15 @@ describe("keys — signing threads", () => {
     try {
       const script = join(dir.path, "sign-and-end.mts");
       const keys = new URL("../../src/keys/index.js", import.meta.url).pathname;
+      const link = new URL("../../src/link/index.js", import.meta.url).pathname;
       writeFileSync(
         script,
-        `import { batchSigningFrom, fingerprint, generateSigningKeyPair, sealDeclarationsOffThread } from ${JSON.stringify(keys)};\n` +
+        `import { batchSigningFrom, fingerprint, generateSigningKeyPair, sealDeclarationTextsOffThread } from ${JSON.stringify(keys)};\n` +
+          `import { envelopeWrapping } from ${JSON.stringify(link)};\n` +
           "const key = generateSigningKeyPair();\n" +
           "const batch = Array.from({ length: 4 * batchSigningFrom }, (_, i) => new TextEncoder().encode(`d${i}`));\n" +
-          "const envelopes = await sealDeclarationsOffThread(batch, key.privateKey, fingerprint(key.publicKey));\n" +
+          "const signer = fingerprint(key.publicKey);\n" +
+          "const { envelopes } = await sealDeclarationTextsOffThread(batch, key.privateKey, signer, envelopeWrapping(signer));\n" +
           "process.stdout.write(`${envelopes.length} sealed\\n`);\n",
       );
       const child = spawn(process.execPath, ["--import", "tsx", script], {
