@@ -64,8 +64,8 @@ export interface Composed {
 }
 
 /**
- * Sends each node its composed declaration. Every node is checked first (an unknown or retired one refuses the
- * whole batch, so nothing is started) and every sequence is allocated in one transaction; then the nodes are taken
+ * Sends each node its composed declaration. Every sequence is allocated in one transaction, each node checked as its
+ * sequence is (an unknown or retired one refuses the whole batch, so nothing is started); then the nodes are taken
  * a chunk at a time: each envelope signed over its own bytes (the next chunks on the signing threads meanwhile), the
  * chunk recorded, sent with one wait for the broker, and its sending put in the audit trail (with the next chunk's
  * record). Recorded before sent, so a node that missed its declaration gets it again when its alive says it holds an
@@ -79,16 +79,7 @@ export async function sendDeclarations(
   const { store } = context;
   const byNode = new Map(targets.map((target) => [target.node, target]));
   const names = [...byNode.keys()];
-  const standings = await store.nodes.standings(names);
-  const unknown = names.filter((name) => !standings.has(name));
-  if (unknown.length > 0) throw new MeshError("node_unknown", `no node named ${unknown.join(", ")}`);
-  const retired = names.filter((name) => standings.get(name)?.state === "retired");
-  if (retired.length > 0) {
-    throw new MeshError(
-      "node_retired",
-      retired.length === 1 ? `node ${retired.join("")} is retired` : `retired: ${retired.join(", ")}`,
-    );
-  }
+  // An unknown or retired node refuses the whole batch here, before anything is sealed or sent.
   const sequences = await store.nodes.nextDeclarationSequences(names);
   const issuedAt = context.now().toISOString();
   // One encoder per composition: its items are checked once, however many nodes hold it, and kept once.
@@ -153,6 +144,8 @@ export async function sendDeclarations(
    * declarations (a roll-out's commits halved), or on its own after the last chunk or a failure.
    */
   let unlogged: MeshEvent[] = [];
+  /** The compositions whose items a committed chunk of this roll-out wrote: the later chunks refer to them. */
+  const itemsKept = new Set<string>();
   try {
     // The next chunks are signed on the signing threads while this one is recorded and sent.
     const sealing = [];
@@ -185,9 +178,11 @@ export async function sendDeclarations(
             signer: context.signing.fingerprint,
             units: target.units,
           })),
+          itemsKept,
         );
         await tx.events.recordMany(logging);
       });
+      for (const { items } of composed) itemsKept.add(items.key);
       unlogged = [];
       recorded = composed.map(({ node }) => node);
       await context.bus.publishDeclarations(composed.map(({ node, envelope }) => ({ node, envelope })));

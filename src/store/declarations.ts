@@ -86,11 +86,19 @@ export class DeclarationQueries {
   /**
    * Records declarations of many nodes in one transaction, each node's history bounded as for one. Each composition's
    * items are written once (and again only to mark them used, at most once an hour); each declaration refers to them.
+   * `itemsKept` names compositions that declarations of the same issue time already refer to, recorded in a
+   * transaction that has committed: a roll-out's later chunks, whose compositions its earlier chunks wrote. Their
+   * items are not written again. The write would change nothing: their `used_at` is this issue time already, and the
+   * retention prunes no composition a declaration refers to.
    */
-  async recordMany(declarations: readonly NewDeclaration[]): Promise<void> {
+  async recordMany(
+    declarations: readonly NewDeclaration[],
+    itemsKept: ReadonlySet<string> = new Set(),
+  ): Promise<void> {
     if (declarations.length === 0) return;
     const items = new Map<string, { key: string; items: string; used_at: string }>();
     for (const { items: kept, issuedAt } of declarations) {
+      if (itemsKept.has(kept.key)) continue;
       const known = items.get(kept.key);
       if (known === undefined || known.used_at < issuedAt)
         items.set(kept.key, { key: kept.key, items: kept.text, used_at: issuedAt });

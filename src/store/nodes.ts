@@ -206,32 +206,42 @@ export class NodeQueries {
   }
 
   /**
-   * The next declaration sequence of each node, allocated in one transaction (every node must exist): concurrent
-   * callers never get the same one.
+   * The next declaration sequence of each node, allocated in one transaction: concurrent callers never get the same
+   * one. Every node must exist and none may be retired (a retired node is sent nothing again); otherwise nothing is
+   * allocated and the error names them, the unknown ones first. One statement per slice of nodes allocates and
+   * checks together: a roll-out to a whole fleet does not read every node's state first.
    */
   async nextDeclarationSequences(names: readonly string[]): Promise<Map<string, number>> {
     const distinct = [...new Set(names)];
     return inTransaction(this.db, async (trx) => {
       const sequences = new Map<string, number>();
-      // One statement per slice of nodes (a statement binds only so many values), each a compare-and-set on the
-      // row itself, so a controller and a command declaring at once never share a sequence.
+      // Each statement a compare-and-set on the rows themselves, so a controller and a command declaring at once
+      // never share a sequence.
       for (const slice of slices(distinct)) {
         const { rows } = await this.statements.run(
           trx,
           `nodes.nextSequences.${slice.length}`,
-          [1, ...slice],
+          [1, ...slice, "retired"],
           () =>
             trx
               .updateTable("nodes")
               .set((eb) => ({ declaration_sequence: eb("declaration_sequence", "+", 1) }))
               .where("name", "in", slice)
+              .where("state", "!=", "retired")
               .returning(["name", "declaration_sequence"]),
         );
         for (const row of rows) sequences.set(row.name, row.declaration_sequence);
       }
       const missing = distinct.filter((name) => !sequences.has(name));
-      if (missing.length > 0) throw new MeshError("node_unknown", `no node named ${missing.join(", ")}`);
-      return sequences;
+      if (missing.length === 0) return sequences;
+      // Thrown inside the transaction: the sequences allocated above go with it.
+      const standing = await new NodeQueries(trx, this.statements).standings(missing);
+      const unknown = missing.filter((name) => !standing.has(name));
+      if (unknown.length > 0) throw new MeshError("node_unknown", `no node named ${unknown.join(", ")}`);
+      throw new MeshError(
+        "node_retired",
+        missing.length === 1 ? `node ${missing.join("")} is retired` : `retired: ${missing.join(", ")}`,
+      );
     });
   }
 

@@ -133,6 +133,39 @@ for (const backend of storeBackends) {
       }
     });
 
+    test("a composition the caller names as kept is not written again; its declarations still read back", async () => {
+      const at = new Date("2026-12-01T12:00:00.000Z");
+      const nodes = ["ka-kept", "kb-kept"];
+      for (const node of nodes) await enrolled(store, node, at);
+      const items = [file("/etc/kept", "kept once\n")];
+      const first = sealed(nodes.slice(0, 1), items, 1, at.toISOString());
+      await store.declarations.recordMany(first.kept);
+      const key = first.kept[0]?.items.key ?? "";
+      // Later than the hour after which a use is written again: without the caller's word, this would write it.
+      const later = new Date(at.getTime() + 2 * 60 * 60_000).toISOString();
+      const second = sealed(nodes.slice(1), items, 1, later);
+      await store.declarations.recordMany(second.kept, new Set([key]));
+      const rows = await rawQuery(backend, url, `select used_at from declaration_items where key = '${key}'`);
+      assert.deepEqual(
+        rows.map((row) => row.used_at),
+        [at.toISOString()],
+        "the composition was not written again",
+      );
+      assert.equal((await store.declarations.latest("kb-kept"))?.envelope, second.sent.get("kb-kept"));
+      // Not named as kept, the same later use is written.
+      const third = sealed(nodes.slice(1), items, 2, later);
+      await store.declarations.recordMany(third.kept);
+      const after = await rawQuery(
+        backend,
+        url,
+        `select used_at from declaration_items where key = '${key}'`,
+      );
+      assert.deepEqual(
+        after.map((row) => row.used_at),
+        [later],
+      );
+    });
+
     test("a composition no declaration refers to goes once unused for a day; one referred to or used stays", async () => {
       const day0 = new Date("2026-12-01T00:00:00.000Z");
       await enrolled(store, "pa-days", day0);

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import { StoreError, UsageError } from "../../src/errors.js";
+import { MeshError, StoreError, UsageError } from "../../src/errors.js";
 import type { Store } from "../../src/store/index.js";
 import { digestKey, openStore } from "../../src/store/index.js";
 import { keptParts, storeBackends } from "../support/stores.js";
@@ -197,6 +197,50 @@ for (const backend of storeBackends) {
         Array.from({ length: 30 }, (_, i) => i + 1),
       );
       await assert.rejects(store.nodes.nextDeclarationSequence("no-such-node"), /no node named no-such-node/);
+    });
+
+    test("nodes — a batch with an unknown or retired node allocates nothing, and names them", async () => {
+      for (const [i, node] of ["batch-1", "batch-2", "batch-gone"].entries()) {
+        await store.tokens.issue({
+          id: `tok_0000000001${i}0`,
+          node,
+          secretHash: `c${i}`,
+          createdAt: at(0),
+          expiresAt: at(60),
+        });
+      }
+      assert.deepEqual(
+        await store.nodes.nextDeclarationSequences(["batch-1", "batch-2"]),
+        new Map([
+          ["batch-1", 1],
+          ["batch-2", 1],
+        ]),
+      );
+      assert.equal(await store.nodes.retire("batch-gone", at(5)), true);
+      const refused = async (names: string[], code: string, message: RegExp) => {
+        await assert.rejects(store.nodes.nextDeclarationSequences(names), (error: unknown) => {
+          assert.ok(error instanceof MeshError, String(error));
+          assert.equal(error.code, code);
+          assert.match(error.message, message);
+          return true;
+        });
+      };
+      await refused(["batch-1", "batch-gone", "batch-2"], "node_retired", /^node batch-gone is retired$/);
+      // The unknown ones are named first, whatever else is wrong.
+      await refused(
+        ["batch-gone", "batch-1", "nobody-1", "nobody-2"],
+        "node_unknown",
+        /^no node named nobody-1, nobody-2$/,
+      );
+      // Nothing was allocated by the refused batches: the next sequences follow the first ones.
+      assert.deepEqual(
+        await store.nodes.nextDeclarationSequences(["batch-2", "batch-1"]),
+        new Map([
+          ["batch-1", 2],
+          ["batch-2", 2],
+        ]),
+      );
+      assert.equal((await store.nodes.get("batch-gone"))?.declarationSequence, 0);
     });
 
     test("declarations — the latest per node and a bounded history; digests map to their order", async () => {
