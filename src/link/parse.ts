@@ -206,6 +206,8 @@ export interface DeclarationEncoder {
  */
 export function declarationEncoder(items: readonly DeclaredItem[], digest: string): DeclarationEncoder {
   let itemsText: string | undefined;
+  /** The bytes every declaration of the composition ends with: its items and digest, encoded once. */
+  let tail = new Uint8Array();
   const encode = (header: DeclarationHeader) => {
     if (itemsText === undefined) {
       const checked = parseMessage("declaration", {
@@ -215,10 +217,16 @@ export function declarationEncoder(items: readonly DeclaredItem[], digest: strin
         digest,
       });
       itemsText = JSON.stringify(checked.items);
+      tail = encoder.encode(declarationTail(itemsText, digest));
     } else {
       checkHeader(header);
     }
-    return withinBound("declaration", encoder.encode(declarationText(header, itemsText, digest)));
+    // The text's two parts encoded apart are its encoding: each part is whole characters.
+    const head = encoder.encode(declarationHead(header));
+    const bytes = new Uint8Array(head.byteLength + tail.byteLength);
+    bytes.set(head);
+    bytes.set(tail, head.byteLength);
+    return withinBound("declaration", bytes);
   };
   return Object.defineProperty(encode, "itemsText", { get: () => itemsText }) as DeclarationEncoder;
 }
@@ -243,11 +251,20 @@ function checkHeader(header: DeclarationHeader): void {
 
 /** A declaration's text from its parts, in schema order, as JSON.stringify writes the checked declaration. */
 function declarationText(header: DeclarationHeader, itemsText: string, digest: string): string {
+  return declarationHead(header) + declarationTail(itemsText, digest);
+}
+
+/** The part of a declaration's text that is the node's own: up to its items. */
+function declarationHead(header: DeclarationHeader): string {
   return (
     `{"kind":"declaration","node":${JSON.stringify(header.node)},"epoch":${JSON.stringify(header.epoch)},` +
-    `"sequence":${JSON.stringify(header.sequence)},"issued_at":${JSON.stringify(header.issued_at)},` +
-    `"items":${itemsText},"digest":${JSON.stringify(digest)}}`
+    `"sequence":${JSON.stringify(header.sequence)},"issued_at":${JSON.stringify(header.issued_at)},`
   );
+}
+
+/** The part of a declaration's text its composition's nodes share: its items and digest. */
+function declarationTail(itemsText: string, digest: string): string {
+  return `"items":${itemsText},"digest":${JSON.stringify(digest)}}`;
 }
 
 /** What a store keeps of a sealed declaration: its header, its composition's items text, and its seal. */

@@ -57,7 +57,9 @@ describe("declarationEncoder", () => {
         const encode = declarationEncoder(items, digest);
         for (const one of headers) {
           const expected = encodeMessage({ kind: "declaration", ...one, items: [...items], digest });
-          assert.equal(decoder.decode(encode(one)), decoder.decode(expected));
+          const bytes = encode(one);
+          assert.equal(decoder.decode(bytes), decoder.decode(expected));
+          assert.deepEqual(Buffer.from(bytes), Buffer.from(expected), "byte for byte");
         }
       }),
       { numRuns: 300 },
