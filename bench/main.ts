@@ -47,7 +47,7 @@ import { outlookFigures, planMeshFigures, rolloutCpuFigure } from "./plan-figure
 import { signingRate } from "./signing.js";
 import type { Rollout } from "./plan-mesh.js";
 import { benchPlanOnMesh, rolloutOf } from "./plan-mesh.js";
-import { benchProfileSets, median as medianOf, timeOutlook } from "./plan.js";
+import { benchProfileSets, median as medianOf, planDeclarationBytes, timeOutlook } from "./plan.js";
 import type { Figure } from "./table.js";
 import { formatFigureTable } from "./table.js";
 import { sleep, waitFor, waitForAsync } from "./wait.js";
@@ -693,6 +693,18 @@ async function benchMesh(): Promise<void> {
     }
 
     if (has("plan")) {
+      // The plan's limit: one core's signing rate over a declaration of the plan's (the median in length), not over
+      // `mesh declare --all`'s, which is several times shorter.
+      const planBytes = planDeclarationBytes(lab.names);
+      const planSigning = signingRate(planBytes, signing.privateKey);
+      say(
+        `signing: ${planSigning.toFixed(0)} Ed25519 signatures/s on one core (${planBytes.byteLength} bytes, the plan's)`,
+      );
+      extra.plan_signing = { rate: planSigning, bytes: planBytes.byteLength };
+      const planSigningLimit = {
+        value: planSigning,
+        what: `Ed25519 signing, one core, ${planBytes.byteLength}-byte declarations`,
+      };
       const measured = await benchPlanOnMesh({
         data,
         dir,
@@ -708,7 +720,8 @@ async function benchMesh(): Promise<void> {
         held: {
           hold: () => lab.hold(),
           release: () => lab.release(),
-          signingRate: () => signingRate(signedBytes, signing.privateKey, 500),
+          signingRate: () => signingRate(planBytes, signing.privateKey, 500),
+          signedBytes: planBytes.byteLength,
         },
         say,
       });
@@ -717,7 +730,7 @@ async function benchMesh(): Promise<void> {
         standby = undefined;
       }
       planMismatches.push(...measured.mismatches);
-      const shown = planMeshFigures(measured, N, signingLimit);
+      const shown = planMeshFigures(measured, N, planSigningLimit);
       extra.plan = shown.json;
       figures.push(...shown.figures);
       // The ingest backlog is sent as the nodes holding what they hold now.

@@ -172,7 +172,7 @@ export function planMeshFigures(
             `a change every node holds: ${rounds}`,
           ),
         ]),
-    ...heldFigures(m.heldRounds),
+    ...heldFigures(m.heldRounds, m.signedBytes),
     {
       part: "plan",
       what: `whole plan applied to ${nodes} nodes → all kept, max`,
@@ -236,7 +236,7 @@ export function planMeshFigures(
  * The held rounds' figures: the roll-out's rate in time and per CPU-second, each against the median of the signing
  * rates measured just before each round (the machine's speed drifts over a run).
  */
-function heldFigures(rounds: PlanOnMesh["heldRounds"]): Figure[] {
+function heldFigures(rounds: PlanOnMesh["heldRounds"], signedBytes: number | undefined): Figure[] {
   const timed = rounds.flatMap(({ rollout, sent, signingRate }) =>
     rollout === undefined ? [] : [{ ...rollout, applied: sent, signingRate }],
   );
@@ -245,7 +245,7 @@ function heldFigures(rounds: PlanOnMesh["heldRounds"]): Figure[] {
   // The rounds timed and the limits beside them: a round with no roll-out has neither.
   const limit = {
     value: median(timed.map((one) => one.signingRate)),
-    what: "Ed25519 signing, one core, beside each",
+    what: `Ed25519 signing, one core${signedBytes === undefined ? "" : `, ${signedBytes}-byte declarations`}, beside each`,
   };
   const which = `median of ${timed.length} of ${rounds.length} round(s)`;
   return [

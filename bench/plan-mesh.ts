@@ -40,7 +40,7 @@ export interface PlanOnMeshSettings {
    * When given, as many rounds again with the fleet held (`Lab.hold`) while the control plane rolls the change out,
    * each after measuring one core's signing rate (the limit beside it).
    */
-  held?: Holding & { signingRate: () => number };
+  held?: Holding & { signingRate: () => number; signedBytes: number };
   say: (line: string) => void;
 }
 
@@ -69,6 +69,8 @@ export interface PlanOnMesh {
   wholeFleet: WholeFleetRound[];
   /** The same change rolled out to the fleet held; each with one core's signing rate measured just before it. */
   heldRounds: Array<{ sent: number; rollout: Rollout | undefined; signingRate: number }>;
+  /** The length of the declaration the held rounds' signing rates were measured over. */
+  signedBytes?: number;
   change: {
     /** Nodes the changed unit is placed on, by `allot` in this process over the lab's profiles. */
     placed: number;
@@ -291,6 +293,7 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
     },
     wholeFleet,
     heldRounds,
+    ...(settings.held === undefined ? {} : { signedBytes: settings.held.signedBytes }),
     change: {
       ...counts,
       itemsChange: diff.nodes.length,

@@ -11,6 +11,7 @@ import { labNodeName } from "../src/lab/options.js";
 import type { ProfileSet } from "../src/lab/profiles.js";
 import { labJoinProfiles } from "../src/lab/profiles.js";
 import type { Plan } from "../src/link/index.js";
+import { declarationEncoder } from "../src/link/index.js";
 
 const roles = [
   // The weights make db exactly a tenth of the fleet (within one node per set): the unit changed on the mesh.
@@ -172,4 +173,35 @@ export function timeOutlook(nodes: number, runs: number): OutlookTiming {
 export function median(values: readonly number[]): number {
   const sorted = [...values].sort((a, b) => a - b);
   return sorted[Math.floor((sorted.length - 1) / 2)] ?? Number.NaN;
+}
+
+/**
+ * The bytes of a declaration such as a roll-out of the bench's plan sends these nodes: the median in length over the
+ * nodes. One core's signing rate over these is that roll-out's physical limit. Its declarations are several times
+ * the length of `mesh declare --all`'s, and Ed25519 hashes what it signs twice.
+ */
+export function planDeclarationBytes(names: readonly string[]): Uint8Array {
+  const { compositions } = outlookOf(benchPlan(names), { nodes: benchFleet(names), away: new Map() });
+  const issuedAt = new Date().toISOString();
+  // One declaration per composition (its nodes' names are of one length), and each node's in its place.
+  const byDigest = new Map<string, Uint8Array>();
+  const each = [...compositions].map(([node, composition]) => {
+    let bytes = byDigest.get(composition.digest);
+    if (bytes === undefined) {
+      bytes = declarationEncoder(
+        composition.items,
+        composition.digest,
+      )({
+        node,
+        epoch: 1,
+        sequence: 1,
+        issued_at: issuedAt,
+      });
+      byDigest.set(composition.digest, bytes);
+    }
+    return bytes;
+  });
+  const median = each.sort((a, b) => a.byteLength - b.byteLength)[Math.floor((each.length - 1) / 2)];
+  if (median === undefined) throw new Error("the bench's plan composes nothing for an empty fleet");
+  return median;
 }
