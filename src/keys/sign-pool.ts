@@ -16,7 +16,8 @@ const signatureBytes = 64;
 
 /**
  * How many threads sign: the cores but the one the main thread runs on, at least one and at most four (a roll-out
- * chunk of 250 signatures takes one core about 10 ms, less than the main thread spends recording and sending one).
+ * chunk of 500 signatures takes one core about 15 to 20 ms, less than the main thread spends recording and sending
+ * one).
  */
 export function signingThreads(cores = availableParallelism()): number {
   return Math.min(4, Math.max(1, cores - 1));

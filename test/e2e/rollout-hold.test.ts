@@ -24,7 +24,8 @@ import { natsTransport } from "../support/transports.js";
 
 describe("plan watch — a roll-out's sending", () => {
   const dir = tempDir("mesh-rollout-hold-");
-  const nodes = Array.from({ length: 300 }, (_, i) => `h${String(i).padStart(5, "0")}`);
+  // One whole chunk and some more.
+  const nodes = Array.from({ length: declarationChunk + 50 }, (_, i) => `h${String(i).padStart(5, "0")}`);
   let transport: Transport;
   let side: ControlSide;
   const stores: Store[] = [];
