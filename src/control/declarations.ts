@@ -50,7 +50,7 @@ export interface SentDeclaration {
  * How many declarations are signed, recorded and sent together: the first nodes hear while the rest are signed. Each
  * chunk costs a transaction, a wait for the broker and a message to the signing threads and back, whatever its size:
  * a roll-out to 10,000 nodes in chunks of 500 used about a tenth less CPU than in chunks of 250, and chunks of 1,000
- * no less than of 500 (the roll-out alone, to nodes nobody listens for, SQLite, this machine's NATS).
+ * no less than of 500 (the roll-out alone, to nodes nobody listens for, on SQLite and a local NATS server).
  */
 export const declarationChunk = 500;
 

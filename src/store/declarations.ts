@@ -88,8 +88,8 @@ export class DeclarationQueries {
    * items are written once (and again only to mark them used, at most once an hour); each declaration refers to them.
    * `itemsKept` names compositions that declarations of the same issue time already refer to, recorded in a
    * transaction that has committed: a roll-out's later chunks, whose compositions its earlier chunks wrote. Their
-   * items are not written again. The write would change nothing: their `used_at` is this issue time already, and the
-   * retention prunes no composition a declaration refers to.
+   * items are not written again. The write would change nothing: their `used_at` is within the hour of this issue
+   * time already (written then, or left as it was), and the retention prunes no composition a declaration refers to.
    */
   async recordMany(
     declarations: readonly NewDeclaration[],

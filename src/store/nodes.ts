@@ -236,7 +236,8 @@ export class NodeQueries {
       if (missing.length === 0) return sequences;
       // Thrown inside the transaction: the sequences allocated above go with it.
       const standing = await new NodeQueries(trx, this.statements).standings(missing);
-      const unknown = missing.filter((name) => !standing.has(name));
+      // Unknown: any node not retired now, so one made since the statement above is told as unknown, as it was then.
+      const unknown = missing.filter((name) => standing.get(name)?.state !== "retired");
       if (unknown.length > 0) throw new MeshError("node_unknown", `no node named ${unknown.join(", ")}`);
       throw new MeshError(
         "node_retired",

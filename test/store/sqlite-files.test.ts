@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import { openSync, readdirSync, readlinkSync, readSync, closeSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
+import { declarationChunk } from "../../src/control/declarations.js";
 import { logKeptBytes } from "../../src/store/checkpoints.js";
 import type { MeshEvent, NewDeclaration, Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
@@ -106,7 +107,7 @@ describe("a SQLite store's files under load", () => {
         });
       }
       // Declarations of a plan's size (about 1.8 kB of items), each a composition of its own (the most a roll-out
-      // writes), a chunk of 250 nodes at a time as a roll-out records them.
+      // writes), as a roll-out records them: a whole chunk in one transaction.
       const declaration = (node: string): NewDeclaration => ({
         node,
         sequence: 1,
@@ -116,15 +117,15 @@ describe("a SQLite store's files under load", () => {
         ...keptParts(JSON.stringify([{ node, filler: "y".repeat(1800) }])),
         units: ["web", "base"],
       });
+      assert.ok(nodes.length >= declarationChunk, "the nodes fill a chunk");
       await store.transaction(async (tx) => {
-        await tx.declarations.recordMany(nodes.slice(0, 250).map(declaration));
-        await tx.declarations.recordMany(nodes.slice(250).map(declaration));
+        await tx.declarations.recordMany(nodes.slice(0, declarationChunk).map(declaration));
         seen.push(...temporaryFilesOpen());
       });
       assert.deepEqual(seen, []);
       assert.equal((await store.accounts.recoveryCopy("files-499"))?.sequence, 12, "the reports were kept");
       assert.equal(
-        (await store.declarations.latest("files-499"))?.sequence,
+        (await store.declarations.latest(nodes[declarationChunk - 1] ?? ""))?.sequence,
         1,
         "the declarations were recorded",
       );

@@ -226,20 +226,17 @@ for (const backend of storeBackends) {
         });
       };
       await refused(["batch-1", "batch-gone", "batch-2"], "node_retired", /^node batch-gone is retired$/);
+      assert.equal(await store.nodes.retire("batch-2", at(6)), true);
+      await refused(["batch-gone", "batch-1", "batch-2"], "node_retired", /^retired: batch-gone, batch-2$/);
       // The unknown ones are named first, whatever else is wrong.
       await refused(
         ["batch-gone", "batch-1", "nobody-1", "nobody-2"],
         "node_unknown",
         /^no node named nobody-1, nobody-2$/,
       );
-      // Nothing was allocated by the refused batches: the next sequences follow the first ones.
-      assert.deepEqual(
-        await store.nodes.nextDeclarationSequences(["batch-2", "batch-1"]),
-        new Map([
-          ["batch-1", 2],
-          ["batch-2", 2],
-        ]),
-      );
+      // Nothing was allocated by the refused batches: the next sequence follows the first one.
+      assert.deepEqual(await store.nodes.nextDeclarationSequences(["batch-1"]), new Map([["batch-1", 2]]));
+      assert.equal((await store.nodes.get("batch-2"))?.declarationSequence, 1);
       assert.equal((await store.nodes.get("batch-gone"))?.declarationSequence, 0);
     });
 
