@@ -245,7 +245,7 @@ function heldFigures(rounds: PlanOnMesh["heldRounds"], signedBytes: number | und
   // The rounds timed and the limits beside them: a round with no roll-out has neither.
   const limit = {
     value: median(timed.map((one) => one.signingRate)),
-    what: `Ed25519 signing, one core${signedBytes === undefined ? "" : `, ${signedBytes}-byte declarations`}, beside each`,
+    what: `Ed25519 signing, one core${bytesSigned(signedBytes)}, beside each`,
   };
   const which = `median of ${timed.length} of ${rounds.length} round(s)`;
   return [
@@ -267,4 +267,9 @@ function heldFigures(rounds: PlanOnMesh["heldRounds"], signedBytes: number | und
       `the held rounds, ${which}`,
     ),
   ];
+}
+
+/** How long the declarations the limit was measured over were, for its label (nothing when not known). */
+function bytesSigned(bytes: number | undefined): string {
+  return bytes === undefined ? "" : `, ${bytes}-byte declarations`;
 }

@@ -165,9 +165,10 @@ export class SigningPool {
   }
 
   /**
-   * Each message sealed: its 64-byte Ed25519 signature (the bytes `sign` gives) and its envelope's text as bytes (`wrapping` around its base64 and its
-   * signature's), in the messages' order. The messages are copied end to end once and handed to the threads, and
-   * the envelopes come back the same way: nothing is copied per message between the threads.
+   * Each message sealed: its 64-byte Ed25519 signature (the bytes `sign` gives) and its envelope's text as bytes
+   * (`wrapping` around its base64 and its signature's), in the messages' order. The messages are copied end to end
+   * once and handed to the threads, and the envelopes come back the same way: nothing is copied per message between
+   * the threads.
    */
   async sealAll(
     messages: readonly Uint8Array[],
