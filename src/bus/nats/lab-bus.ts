@@ -24,8 +24,8 @@ const connectLineRest = 640;
  */
 export class NatsLabConnection {
   private constructor(
-    /** Each node's connection. */
-    private readonly connections: ReadonlyMap<string, NatsConnection>,
+    /** Each node's connection, with what its nodes publish in the current turn of the event loop. */
+    private readonly connections: ReadonlyMap<string, TurnPublisher>,
     /** Every connection opened, once each. */
     private readonly opened: readonly NatsConnection[],
   ) {}
@@ -33,7 +33,7 @@ export class NatsLabConnection {
   /** Mints each part's identity with the mesh's account key (kept in `authorityDir`, the control plane's). */
   static async open(authorityDir: string, url: string, nodes: readonly string[]): Promise<NatsLabConnection> {
     const authority = loadOrCreateAuthority(authorityDir);
-    const connections = new Map<string, NatsConnection>();
+    const connections = new Map<string, TurnPublisher>();
     const opened: NatsConnection[] = [];
     const openPart = async (part: readonly string[]): Promise<void> => {
       const key = newUserKey();
@@ -62,7 +62,8 @@ export class NatsLabConnection {
         reconnect: true,
       });
       opened.push(nc);
-      for (const node of part) connections.set(node, nc);
+      const publisher = new TurnPublisher(nc);
+      for (const node of part) connections.set(node, publisher);
     };
     try {
       await openPart(nodes);
@@ -81,9 +82,9 @@ export class NatsLabConnection {
 
   /** The node's side of the broker over the connection its part shares. */
   nodeBus(node: string): NodeBus {
-    const nc = this.connections.get(node);
-    if (nc === undefined) throw new Error(`node ${node} is not in this lab connection's group`);
-    return new SharedNodeBus(nc, node);
+    const publisher = this.connections.get(node);
+    if (publisher === undefined) throw new Error(`node ${node} is not in this lab connection's group`);
+    return new SharedNodeBus(publisher, node);
   }
 
   /** Closes every connection, each whatever became of the others; the first failure is then thrown. */
@@ -96,16 +97,52 @@ export class NatsLabConnection {
   }
 }
 
+/**
+ * What the nodes of a shared connection publish, handed to the client together once per turn of the event loop: the
+ * client writes what it was handed within one turn in one write. Handed over one by one, each node's report (made
+ * as its own signature check came back) was a socket write of its own: an eighth of the lab's CPU while a fleet of
+ * 10,000 applied.
+ */
+class TurnPublisher {
+  private queued: { subject: string; body: Uint8Array; sent: (error: Error | undefined) => void }[] = [];
+
+  constructor(readonly nc: NatsConnection) {}
+
+  /** Resolves once the client has the message, as a publish on the connection itself would return. */
+  publish(subject: string, body: Uint8Array): Promise<void> {
+    return new Promise((resolve, reject) => {
+      if (this.queued.length === 0) setImmediate(() => this.hand());
+      this.queued.push({ subject, body, sent: (error) => (error === undefined ? resolve() : reject(error)) });
+    });
+  }
+
+  private hand(): void {
+    const queued = this.queued;
+    this.queued = [];
+    for (const { subject, body, sent } of queued) {
+      try {
+        this.nc.publish(subject, body);
+        sent(undefined);
+      } catch (error) {
+        sent(asBusError(error, "the broker"));
+      }
+    }
+  }
+}
+
 /** A node's bus over a shared connection: closing it ends the node's subscription, not the connection. */
 class SharedNodeBus implements NodeBus {
   private subscription: Subscription | undefined;
   private ended: (error: Error | undefined) => void = () => undefined;
   private readonly ending: Promise<Error | undefined>;
+  private readonly nc: NatsConnection;
 
   constructor(
-    private readonly nc: NatsConnection,
+    private readonly publisher: TurnPublisher,
     private readonly node: string,
   ) {
+    const nc = publisher.nc;
+    this.nc = nc;
     this.ending = new Promise((resolve) => (this.ended = resolve));
     void nc
       .closed()
@@ -113,33 +150,49 @@ class SharedNodeBus implements NodeBus {
   }
 
   async consumeNode(handle: (message: NodeDelivery) => Promise<void>): Promise<void> {
-    const subscription = this.nc.subscribe(nodeSubjects(this.node));
+    const declaration = declarationSubject(this.node);
+    const receipt = receiptSubject(this.node);
+    // Thousands of nodes share this process: each delivery is taken as it is read (no iterator of its own per node,
+    // which cost the lab about twice as much CPU per delivery) and handled in order, one at a time.
+    let handled = Promise.resolve();
+    let failure: { error: unknown } | undefined;
+    const subscription = this.nc.subscribe(nodeSubjects(this.node), {
+      callback: (error, msg) => {
+        if (error !== null) {
+          failure ??= { error: asBusError(error, "the broker") };
+          return;
+        }
+        const kind =
+          msg.subject === declaration ? "declaration" : msg.subject === receipt ? "receipt" : undefined;
+        if (kind === undefined || failure !== undefined) return;
+        const body = msg.data;
+        handled = handled.then(async () => {
+          if (failure !== undefined) return;
+          try {
+            await handle({ kind, body });
+          } catch (error) {
+            // What the handler could not take ends the node's consuming, as it would end a loop over the deliveries.
+            failure ??= { error };
+            subscription.unsubscribe();
+          }
+        });
+      },
+    });
     this.subscription = subscription;
     await this.nc.flush();
-    for await (const msg of subscription) {
-      if (msg.subject === declarationSubject(this.node))
-        await handle({ kind: "declaration", body: msg.data });
-      else if (msg.subject === receiptSubject(this.node)) await handle({ kind: "receipt", body: msg.data });
-    }
+    const closed = await subscription.closed;
+    await handled;
+    if (failure !== undefined) throw failure.error;
+    if (closed instanceof Error) throw asBusError(closed, "the broker");
   }
 
   publishReport(body: Uint8Array): Promise<void> {
-    try {
-      this.nc.publish(controlSubject("report", this.node), body);
-    } catch (error) {
-      return Promise.reject(asBusError(error, "the broker"));
-    }
-    // Many nodes share the connection: its own flushing batches their reports instead of one round trip each.
-    return Promise.resolve();
+    // Many nodes share the connection: their reports go out together instead of one round trip each.
+    return this.publisher.publish(controlSubject("report", this.node), body);
   }
 
   publishAlive(body: Uint8Array): Promise<void> {
-    try {
-      this.nc.publish(controlSubject("alive", this.node), body);
-    } catch (error) {
-      return Promise.reject(asBusError(error, "the broker"));
-    }
-    return Promise.resolve();
+    return this.publisher.publish(controlSubject("alive", this.node), body);
   }
 
   closed(): Promise<Error | undefined> {
