@@ -145,46 +145,50 @@ function fnv1a(start: number, text: string): number {
   return hash;
 }
 
-/** A candidate of a unit with a count, and its rank. */
-export interface Ranked {
-  name: string;
-  score: number;
-}
-
-/** Whether `a` ranks before `b`: the higher score, then the name. */
-function ranksBefore(a: Ranked, b: Ranked): boolean {
-  return a.score !== b.score ? a.score > b.score : a.name < b.name;
-}
-
 /**
- * The candidates in rank order, ordered only as far as they are read: a unit placed 5 times among 10,000 candidates
- * reads a few of them.
+ * Candidates in rank order (the higher score, then the name), ordered only as far as they are read: a unit placed 5
+ * times among 10,000 candidates reads a few of them. The candidates are two arrays, their names and their scores at
+ * the same places, and are given and answered as places: each call answers the place of the next best, or -1 when
+ * none is left (`among`: only these places). A fleet's count units rank tens of thousands of candidates in all; as
+ * numbers in a binary heap, best first, they are ranked without an object for each.
  */
-export function* inRankOrder(candidates: readonly Ranked[]): Generator<Ranked> {
-  // A binary heap, best first.
-  const heap = [...candidates];
-  const sink = (from: number) => {
-    for (let at = from; ;) {
-      const left = 2 * at + 1;
-      const right = left + 1;
-      let best = at;
-      if (left < heap.length && ranksBefore(heap[left] as Ranked, heap[best] as Ranked)) best = left;
-      if (right < heap.length && ranksBefore(heap[right] as Ranked, heap[best] as Ranked)) best = right;
-      if (best === at) return;
-      [heap[at], heap[best]] = [heap[best] as Ranked, heap[at] as Ranked];
-      at = best;
-    }
+export function rankOrder(
+  names: readonly string[],
+  scores: Uint32Array,
+  among?: readonly number[],
+): () => number {
+  const heap = Int32Array.from(among ?? names.keys());
+  let size = heap.length;
+  const before = (a: number, b: number) => {
+    const scoreA = scores[a] ?? 0;
+    const scoreB = scores[b] ?? 0;
+    return scoreA !== scoreB ? scoreA > scoreB : (names[a] ?? "") < (names[b] ?? "");
   };
-  for (let at = Math.floor(heap.length / 2) - 1; at >= 0; at--) sink(at);
-  while (heap.length > 0) {
-    const best = heap[0] as Ranked;
-    const last = heap.pop() as Ranked;
-    if (heap.length > 0) {
-      heap[0] = last;
+  const sink = (from: number) => {
+    let at = from;
+    const moving = heap[at] ?? 0;
+    for (;;) {
+      const left = 2 * at + 1;
+      if (left >= size) break;
+      const right = left + 1;
+      const child = right < size && before(heap[right] ?? 0, heap[left] ?? 0) ? right : left;
+      if (!before(heap[child] ?? 0, moving)) break;
+      heap[at] = heap[child] ?? 0;
+      at = child;
+    }
+    heap[at] = moving;
+  };
+  for (let at = Math.floor(size / 2) - 1; at >= 0; at--) sink(at);
+  return () => {
+    if (size === 0) return -1;
+    const best = heap[0] ?? -1;
+    size--;
+    if (size > 0) {
+      heap[0] = heap[size] ?? 0;
       sink(0);
     }
-    yield best;
-  }
+    return best;
+  };
 }
 
 /**
@@ -236,14 +240,17 @@ export function allot(
         unit.move_after === undefined ? undefined : parseDuration(unit.move_after, "move_after");
       const matching = matchingOf(unit);
       const score = scorerFor(unit.name);
-      const candidates = matching
-        .filter((node) => moveAfterMs === undefined || (away.get(node.name) ?? 0) < moveAfterMs)
-        .map((node) => ({ name: node.name, score: score(node.name) }));
+      const names: string[] = [];
+      for (const node of matching) {
+        if (moveAfterMs === undefined || (away.get(node.name) ?? 0) < moveAfterMs) names.push(node.name);
+      }
+      const scores = new Uint32Array(names.length);
+      for (let at = 0; at < names.length; at++) scores[at] = score(names[at] ?? "");
       return {
         unit,
         count: unit.count ?? 0,
         matching,
-        candidates,
+        candidates: { names, scores },
         chosen: [] as string[],
         taken: new Set<string>(),
         lacking: 0,
@@ -263,29 +270,26 @@ export function allot(
   for (const entry of counted) {
     const holders = held.get(entry.unit.name);
     if (holders === undefined) continue;
-    for (const candidate of inRankOrder(entry.candidates.filter((one) => holders.has(one.name)))) {
-      if (entry.chosen.length === entry.count) break;
-      take(entry, candidate.name);
-    }
+    const { names, scores } = entry.candidates;
+    const holding: number[] = [];
+    for (let at = 0; at < names.length; at++) if (holders.has(names[at] ?? "")) holding.push(at);
+    const next = rankOrder(names, scores, holding);
+    for (let at = next(); at >= 0 && entry.chosen.length < entry.count; at = next())
+      take(entry, names[at] ?? "");
   }
   for (const entry of counted) {
     const { unit, count, matching, candidates, chosen } = entry;
-    for (const candidate of inRankOrder(candidates)) {
-      if (chosen.length === count) break;
-      if (entry.taken.has(candidate.name)) continue;
-      if (!take(entry, candidate.name)) entry.lacking++;
+    const { names, scores } = candidates;
+    const next = rankOrder(names, scores);
+    for (let at = next(); at >= 0 && chosen.length < count; at = next()) {
+      const name = names[at] ?? "";
+      if (entry.taken.has(name)) continue;
+      if (!take(entry, name)) entry.lacking++;
     }
     placed.set(unit.name, [...chosen].sort());
     if (chosen.length < count)
       conditions.push(
-        shortOf(
-          unit,
-          count,
-          chosen.length,
-          candidates.length,
-          entry.lacking,
-          matching.length - candidates.length,
-        ),
+        shortOf(unit, count, chosen.length, names.length, entry.lacking, matching.length - names.length),
       );
   }
   return { placed, conditions };

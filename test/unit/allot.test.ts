@@ -3,7 +3,7 @@ import { test } from "node:test";
 import fc from "fast-check";
 import { parse as parseYaml } from "yaml";
 import type { FleetNode } from "../../src/control/allot.js";
-import { allot, canHold, inRankOrder, matcher, matches, rendezvousScore } from "../../src/control/allot.js";
+import { allot, canHold, matcher, matches, rankOrder, rendezvousScore } from "../../src/control/allot.js";
 import { composeFor } from "../../src/control/compose.js";
 import type { Plan } from "../../src/link/index.js";
 import { planSchema } from "../../src/link/index.js";
@@ -439,21 +439,32 @@ test("allot — places exactly as its rules say, node by node, with holders and 
   );
 });
 
-test("allot — candidates come in rank order: the higher score first, then the name", () => {
+test("allot — candidates come in rank order: the higher score first, then the name; only those asked for", () => {
   fc.assert(
     fc.property(
-      fc.array(
-        fc.record({ name: fc.constantFrom("a", "b", "c", "d", "e"), score: fc.integer({ min: 0, max: 5 }) }),
-      ),
-      (candidates) => {
-        const sorted = [...candidates].sort(
-          (a, b) => b.score - a.score || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0),
+      fc.array(fc.record({ name: fc.constantFrom("a", "b", "c", "d", "e"), score: fc.nat({ max: 5 }) })),
+      fc.array(fc.boolean()),
+      (candidates, asked) => {
+        const inOrder = (ranked: readonly { name: string; score: number }[]) =>
+          [...ranked]
+            .sort((a, b) => b.score - a.score || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+            .map(({ name, score }) => `${score} ${name}`);
+        const names = candidates.map(({ name }) => name);
+        const scores = Uint32Array.from(candidates.map(({ score }) => score));
+        const read = (next: () => number) => {
+          const places: number[] = [];
+          for (let at = next(); at >= 0; at = next()) places.push(at);
+          return places.map((at) => `${scores[at]} ${names[at]}`);
+        };
+        assert.deepEqual(read(rankOrder(names, scores)), inOrder(candidates));
+        const among = candidates.flatMap((_, at) => (asked[at] === true ? [at] : []));
+        assert.deepEqual(
+          read(rankOrder(names, scores, among)),
+          inOrder(among.map((at) => candidates[at] ?? { name: "", score: 0 })),
         );
-        const pairs = (ranked: Iterable<{ name: string; score: number }>) =>
-          [...ranked].map(({ name, score }) => `${score} ${name}`);
-        assert.deepEqual(pairs(inRankOrder(candidates)), pairs(sorted));
       },
     ),
+    { numRuns: 300 },
   );
 });
 
