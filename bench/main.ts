@@ -504,6 +504,8 @@ async function benchMesh(): Promise<void> {
       // in these rounds; each ends with the whole fleet holding what it was sent.
       const heldRollouts: Rollout[] = [];
       const heldSigning: number[] = [];
+      /** Each party's CPU from the command's start to serve's log of the roll-out, the fleet held throughout. */
+      const heldCpu: RoundCpu[] = [];
       if (has("fanout")) {
         for (let round = 1; round <= options.rounds; round++) {
           writeFileSync(
@@ -518,21 +520,26 @@ async function benchMesh(): Promise<void> {
           heldSigning.push(signingRate(signedBytes, signing.privateKey, 500));
           lab.hold();
           let rollout: Rollout | undefined;
+          let cpu: RoundCpu | undefined;
+          const cpuBefore = roundCpu(serve.pid, broker.pid);
           try {
             await runMesh(data, ["declare", "--all", "-f", declarationFile, "--json", ...declareTimeout]);
             const revision = await store.plans.newest();
             await waitFor(() => (rollout = rolloutOf(serve.stderr(), revision)) !== undefined, 300_000);
+            cpu = cpuSince(cpuBefore, roundCpu(serve.pid, broker.pid));
           } finally {
             lab.release();
           }
           await waitFor(() => converged.size >= running, 300_000);
-          if (rollout === undefined) throw new Error(`held round ${round}: serve logged no roll-out`);
+          if (rollout === undefined || cpu === undefined)
+            throw new Error(`held round ${round}: serve logged no roll-out`);
           say(
             `held round ${round}: serve's roll-out ${rollout.ms} ms (compose ${rollout.composeMs}, send ` +
               `${rollout.sendMs}), ${rollout.cpuMs} ms of CPU; signing just before ` +
-              `${(heldSigning.at(-1) ?? 0).toFixed(0)}/s on one core`,
+              `${(heldSigning.at(-1) ?? 0).toFixed(0)}/s on one core; CPU while held ${cpuText(cpu)}`,
           );
           heldRollouts.push(rollout);
+          heldCpu.push(cpu);
         }
       }
       const byMax = [...rounds].sort((x, y) => x.converged.max - y.converged.max);
@@ -549,6 +556,7 @@ async function benchMesh(): Promise<void> {
       if (heldRollouts.length > 0) {
         extra.held_rollouts = heldRollouts;
         extra.signing_rate_beside_held_rounds = heldSigning;
+        extra.cpu_s_while_held = heldCpu;
       }
       const rolloutRates = rounds
         .flatMap((r) => (r.rollout === undefined ? [] : [r.rollout.sent / (r.rollout.ms / 1000)]))
@@ -705,6 +713,9 @@ async function benchMesh(): Promise<void> {
         value: planSigning,
         what: `Ed25519 signing, one core, ${planBytes.byteLength}-byte declarations`,
       };
+      /** Each party's CPU while the fleet was held for a roll-out of the plan (its apply's whole run). */
+      const planHeldCpu: RoundCpu[] = [];
+      let heldSince: RoundCpu | undefined;
       const measured = await benchPlanOnMesh({
         data,
         dir,
@@ -718,8 +729,19 @@ async function benchMesh(): Promise<void> {
         settleMs: options.aliveEveryMs + 2000,
         rounds: options.rounds,
         held: {
-          hold: () => lab.hold(),
-          release: () => lab.release(),
+          hold: () => {
+            lab.hold();
+            heldSince = roundCpu(serve.pid, broker.pid);
+          },
+          release: () => {
+            if (heldSince !== undefined) {
+              const cpu = cpuSince(heldSince, roundCpu(serve.pid, broker.pid));
+              planHeldCpu.push(cpu);
+              say(`plan: CPU while the fleet was held ${cpuText(cpu)}`);
+            }
+            heldSince = undefined;
+            lab.release();
+          },
           signingRate: () => signingRate(planBytes, signing.privateKey, 500),
           signedBytes: planBytes.byteLength,
         },
@@ -732,6 +754,7 @@ async function benchMesh(): Promise<void> {
       planMismatches.push(...measured.mismatches);
       const shown = planMeshFigures(measured, N, planSigningLimit);
       extra.plan = shown.json;
+      extra.plan_cpu_s_while_held = planHeldCpu;
       figures.push(...shown.figures);
       // The ingest backlog is sent as the nodes holding what they hold now.
       for (const node of lab.names) {
