@@ -70,8 +70,9 @@ export function registerDeclareCommand(program: Command): void {
             fileName: flags.file,
             nothingDone,
           });
-          // Each node's declaration now: the one just sent, or the one it already held when nothing changed.
-          const latest = await store.declarations.latestSent(targets);
+          // Each node's declaration now: the one just sent, or the one it already held when nothing changed (as read
+          // once the revision was sent; a fleet's worth of rows is not read twice).
+          const latest = applied.latest ?? (await store.declarations.latestSent(targets));
           const shown = targets.map((node) => {
             const one = latest.get(node);
             return { node, sequence: one?.sequence ?? null, epoch: one?.epoch ?? null };

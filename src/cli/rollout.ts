@@ -45,6 +45,11 @@ export interface Applied {
   epoch: number;
   /** The declarations the revision's roll-out sent: one per node whose composition changed. */
   sent: SentDeclaration[];
+  /**
+   * What every node was last sent, read once the acting control plane had sent the revision; absent when this
+   * command rolled it out itself.
+   */
+  latest?: ReadonlyMap<string, LatestSent>;
 }
 
 /** How often a command looks at the store while it waits for the nodes. */
@@ -130,7 +135,7 @@ export async function applyPlanChange(
           epoch: latest.epoch,
           digest: latest.digest,
         }));
-      return { revision, written, epoch, sent };
+      return { revision, written, epoch, sent, latest: after };
     },
     side,
   );
