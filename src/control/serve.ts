@@ -104,7 +104,15 @@ export async function serve(settings: ServeSettings): Promise<RunningControlPlan
     markServing();
     const [epoch, broker, storeUrl] = [standing.epoch ?? null, side.identities.url, redact(options.storeUrl)];
     log.info("control.serving", { epoch, broker, store: storeUrl });
-    const closed = duties.consuming.then(() => "the control queue closed");
+    const closed = duties.consuming.then(
+      () => "the control queue closed",
+      (error: unknown) => {
+        // A consumer taken away from a controller whose lease is over (frozen past it, say) is the next holder's
+        // doing: the lease is why acting ended, whichever of the two this process noticed first.
+        if (!stopping && !standing.gate()) return standing.ended;
+        throw error;
+      },
+    );
     const ended = await Promise.race([closed, standing.ended]);
     if (!stopping) throw new MeshError("lease_lost", ended);
   };
