@@ -22,7 +22,7 @@ import { Lab } from "../src/lab/lab.js";
 import { percentile, spread } from "../src/lab/figures.js";
 import type { DeclaredItem } from "../src/link/index.js";
 import { declarationEncoder, emptyDigest, encodeMessage, itemsDigest } from "../src/link/index.js";
-import { createLogger } from "../src/log.js";
+import { createLogger, errorText } from "../src/log.js";
 import { openStore } from "../src/store/index.js";
 import type { BenchOptions } from "./args.js";
 import { benchParts, BenchUsageError, parseBenchArgs } from "./args.js";
@@ -518,10 +518,10 @@ async function benchMesh(): Promise<void> {
           appliedNodes.clear();
           // The signing limit again, just before: this machine's speed drifts over a run (other guests share it).
           heldSigning.push(signingRate(signedBytes, signing.privateKey, 500));
+          const cpuBefore = roundCpu(serve.pid, broker.pid);
           lab.hold();
           let rollout: Rollout | undefined;
           let cpu: RoundCpu | undefined;
-          const cpuBefore = roundCpu(serve.pid, broker.pid);
           try {
             await runMesh(data, ["declare", "--all", "-f", declarationFile, "--json", ...declareTimeout]);
             const revision = await store.plans.newest();
@@ -730,17 +730,24 @@ async function benchMesh(): Promise<void> {
         rounds: options.rounds,
         held: {
           hold: () => {
-            lab.hold();
             heldSince = roundCpu(serve.pid, broker.pid);
+            lab.hold();
           },
           release: () => {
-            if (heldSince !== undefined) {
-              const cpu = cpuSince(heldSince, roundCpu(serve.pid, broker.pid));
-              planHeldCpu.push(cpu);
-              say(`plan: CPU while the fleet was held ${cpuText(cpu)}`);
-            }
-            heldSince = undefined;
+            // Let go first, whatever the reading below meets (it runs where the apply's own failure is told).
             lab.release();
+            const since = heldSince;
+            heldSince = undefined;
+            if (since === undefined) return;
+            let cpu: RoundCpu;
+            try {
+              cpu = cpuSince(since, roundCpu(serve.pid, broker.pid));
+            } catch (error) {
+              say(`plan: CPU while the fleet was held not read: ${errorText(error)}`);
+              return;
+            }
+            planHeldCpu.push(cpu);
+            say(`plan: CPU while the fleet was held ${cpuText(cpu)}`);
           },
           signingRate: () => signingRate(planBytes, signing.privateKey, 500),
           signedBytes: planBytes.byteLength,

@@ -179,7 +179,14 @@ class SharedNodeBus implements NodeBus {
       },
     });
     this.subscription = subscription;
-    await this.nc.flush();
+    try {
+      await this.nc.flush();
+    } catch (error) {
+      // Not subscribed as far as anyone knows: nothing more is handled (the client would subscribe it again on a
+      // reconnect), and the node is told why.
+      failure ??= { error: asBusError(error, "the broker") };
+      subscription.unsubscribe();
+    }
     const closed = await subscription.closed;
     await handled;
     if (failure !== undefined) throw failure.error;
