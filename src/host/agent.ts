@@ -167,9 +167,22 @@ export class Agent {
       return;
     }
     await this.adoptRecovered();
-    const consuming = bus.consumeNode((message) =>
-      message.kind === "receipt" ? this.receive(message.body) : this.enqueue(message.body),
-    );
+    /** Why the node's consuming failed, if it did: the run ends with it, even while the connection stays up. */
+    let consumeFailure: { error: unknown } | undefined;
+    const consuming = bus
+      .consumeNode((message) =>
+        message.kind === "receipt" ? this.receive(message.body) : this.enqueue(message.body),
+      )
+      .catch(async (error: unknown) => {
+        consumeFailure = { error };
+        // Nothing more can arrive (the broker refused the node's subscription, say): the connection is closed, which
+        // ends the wait below.
+        await bus
+          .close()
+          .catch((closing: unknown) =>
+            this.settings.log.warn("agent.close_failed", { error: errorText(closing) }),
+          );
+      });
     // The first alive is part of starting: if the node's own state cannot be read at all, run() ends with that
     // one-line failure (and the connection it opened is closed) rather than leave a node that looks connected.
     await this.tick().catch(async (error: unknown) => {
@@ -200,6 +213,7 @@ export class Agent {
     clearInterval(this.verifyTimer);
     clearTimeout(this.retryTimer);
     await consuming;
+    if (consumeFailure !== undefined) throw identityRefusedOr(consumeFailure.error, this.node);
     if (closed !== undefined) throw identityRefusedOr(closed, this.node);
   }
 

@@ -52,7 +52,7 @@ export class AmqpNodeBus implements NodeBus {
     let fail: (error: unknown) => void = () => undefined;
     // A handler that throws ends the consumption with its error, as on any other bus.
     const failed = new Promise<never>((_resolve, reject) => (fail = reject));
-    await this.link.onEveryConnection(async (connection) => {
+    const consuming = this.link.onEveryConnection(async (connection) => {
       const channel = await connection.createChannel();
       await channel.prefetch(nodePrefetch);
       await channel.consume(
@@ -76,6 +76,10 @@ export class AmqpNodeBus implements NodeBus {
         },
         { noAck: false },
       );
+    });
+    // A consume the broker refuses (another account's queue) fails here, in the bus's words; the connection stays.
+    await consuming.catch((error: unknown) => {
+      throw asAmqpError(error, this.link.where);
     });
     await Promise.race([stopped, this.link.closed(), failed]);
     await queue;

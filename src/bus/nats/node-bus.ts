@@ -55,12 +55,17 @@ export class NatsNodeBus implements NodeBus {
     const subscription = this.nc.subscribe(nodeSubjects(this.node));
     // A flush still waiting when the connection closes is never answered: the close ends the wait instead (and the
     // subscription, closed with the connection, ends the loop below at once).
-    await Promise.race([this.nc.flush(), this.nc.closed()]);
-    for await (const msg of subscription) {
-      if (msg.subject === declarationSubject(this.node))
-        await handle({ kind: "declaration", body: msg.data });
-      else if (msg.subject === receiptSubject(this.node)) await handle({ kind: "receipt", body: msg.data });
-      // Anything else under the node's subjects (replies to its own requests) is answered elsewhere.
+    try {
+      await Promise.race([this.nc.flush(), this.nc.closed()]);
+      for await (const msg of subscription) {
+        if (msg.subject === declarationSubject(this.node))
+          await handle({ kind: "declaration", body: msg.data });
+        else if (msg.subject === receiptSubject(this.node)) await handle({ kind: "receipt", body: msg.data });
+        // Anything else under the node's subjects (replies to its own requests) is answered elsewhere.
+      }
+    } catch (error) {
+      // A refused subscription ends here, in the bus's words (the connection itself may stay open).
+      throw asBusError(error, "the broker");
     }
   }
 
