@@ -4,6 +4,7 @@ import {
   AuthorizationError,
   ConnectionError,
   NatsConnectionImpl,
+  NoRespondersError,
   PermissionViolationError,
   RequestError,
   setTransportFactory,
@@ -130,4 +131,50 @@ export function asBusError(error: unknown, url: string): BusError {
 function errnoOf(error: unknown): string {
   const code = error instanceof Error ? (error as NodeJS.ErrnoException).code : undefined;
   return typeof code === "string" ? code : "";
+}
+
+/** The JetStream client's own wait for an answer, when the caller gives none. */
+export const jetStreamTimeoutMs = 5000;
+/** The longest pause between asking again while JetStream has no responder (it doubles up to this from 10 ms). */
+const noResponderPauseMs = 200;
+
+/**
+ * Runs one operation of the JetStream API. The broker's silence past the timeout is the mesh's `timeout`. While nats-server
+ * applies an update of the account's claims (the control plane pushes one at each revocation, so at every join) the
+ * account's JetStream has no responder for a moment: the request reached nobody and did nothing, so it is asked
+ * again, within the timeout, and only a JetStream that stays without one is a failure (the client calls that
+ * "jetstream is not enabled"). Any other failure, a compare-and-set refused among them, is passed on as it is.
+ */
+export async function askJetStream<T>(
+  nc: NatsConnection,
+  timeoutMs: number | undefined,
+  operation: () => Promise<T>,
+): Promise<T> {
+  const within = timeoutMs ?? jetStreamTimeoutMs;
+  const giveUpAt = performance.now() + within;
+  for (let pauseMs = 10; ; pauseMs = Math.min(pauseMs * 2, noResponderPauseMs)) {
+    try {
+      return await operation();
+    } catch (error) {
+      if (error instanceof TimeoutError) throw noAnswer(nc.getServer(), within, error);
+      if (!noResponder(error)) throw error;
+      if (performance.now() + pauseMs >= giveUpAt) {
+        throw new BusError(
+          "broker",
+          `JetStream at ${nc.getServer()} had no responder for this account within ${within} ms ` +
+            "(it is not enabled for it, or the server kept it unavailable that long)",
+          { cause: error },
+        );
+      }
+      await new Promise((resolve) => setTimeout(resolve, pauseMs));
+    }
+  }
+}
+
+/** Whether a request reached no responder: the client's own error, or its JetStream error caused by one. */
+function noResponder(error: unknown): boolean {
+  for (let at: unknown = error, depth = 0; at instanceof Error && depth < 3; at = at.cause, depth++) {
+    if (at instanceof NoRespondersError || (at instanceof RequestError && at.isNoResponders())) return true;
+  }
+  return false;
 }

@@ -47,7 +47,7 @@ import type { ControlBus, ControlDelivery, ControlHandler, EnrolAnswer, EnrolReq
 import { controlBatchMax } from "../bus.js";
 import { BusError } from "../errors.js";
 import { AckFloor, DeliveryCount } from "./ack-floor.js";
-import { noAnswer } from "./connect.js";
+import { askJetStream, noAnswer } from "./connect.js";
 
 export const controlStream = "MESH_CONTROL";
 export const aliveStream = "MESH_ALIVE";
@@ -108,6 +108,11 @@ export class NatsControlBus implements ControlBus {
   }
 
   async assert(): Promise<void> {
+    await askJetStream(this.nc, undefined, () => this.assertOnce());
+  }
+
+  /** Each stream made as this layout has it; asked again whole when JetStream had no responder part-way. */
+  private async assertOnce(): Promise<void> {
     const jsm = await this.jsm();
     for (const stream of [controlStream, aliveStream]) {
       const made = await ensureStream(jsm, this.streamConfig(stream));
@@ -237,7 +242,7 @@ export class NatsControlBus implements ControlBus {
   ): Promise<void> {
     try {
       const jsm = await this.jsm();
-      const info = await jsm.streams.info(stream);
+      const info = await askJetStream(this.nc, undefined, () => jsm.streams.info(stream));
       if (info.config.retention === RetentionPolicy.Workqueue)
         await this.takeEarlierLayout(stream, kind, handle, info.state.last_seq);
     } catch (error) {
@@ -269,9 +274,12 @@ export class NatsControlBus implements ControlBus {
     let lost = false;
     let opened: { name: string; messages: ConsumerMessages; deliveredBefore: number } | undefined;
     try {
-      const { name, deliveredBefore } = await this.openConsumer(stream);
+      // A consumer made again whole if JetStream had no responder part-way: a new name, the earlier ones removed.
+      const { name, deliveredBefore } = await askJetStream(this.nc, undefined, () =>
+        this.openConsumer(stream),
+      );
       if (this.closing) return "ended";
-      const consumer = await this.js.consumers.get(stream, name);
+      const consumer = await askJetStream(this.nc, undefined, () => this.js.consumers.get(stream, name));
       const messages = await consumer.consume({
         max_messages: controlBatchMax,
         // A consumer removed ends the consuming, rather than waiting for it to come back.
@@ -454,17 +462,21 @@ export class NatsControlBus implements ControlBus {
 
   async backlog(): Promise<number> {
     // No API check on opening: the question itself is the check, and it is asked every second or so.
-    this.manager ??= await jetstreamManager(this.nc, { checkAPI: false, timeout: backlogTimeoutMs });
+    const manager = (this.manager ??= await jetstreamManager(this.nc, {
+      checkAPI: false,
+      timeout: backlogTimeoutMs,
+    }));
+    const ask = <T>(question: () => Promise<T>) => askJetStream(this.nc, backlogTimeoutMs, question);
     let waiting = 0;
     for (const stream of [controlStream, aliveStream]) {
       // This control plane's consumer once it consumes (one gone is an answer too: it hears nothing); before,
       // what the stream holds, which is what no consumer acknowledged.
       const ours = this.ours.get(stream);
       if (ours === undefined) {
-        waiting += (await this.manager.streams.info(stream)).state.messages;
+        waiting += (await ask(() => manager.streams.info(stream))).state.messages;
         continue;
       }
-      const info = await this.manager.consumers.info(stream, ours);
+      const info = await ask(() => manager.consumers.info(stream, ours));
       waiting += info.num_pending + info.num_ack_pending;
     }
     return waiting;

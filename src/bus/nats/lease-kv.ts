@@ -4,7 +4,6 @@
  * bucket is deleted and made again, which is why the lease keeps an epoch floor.
  */
 import type { NatsConnection } from "@nats-io/transport-node";
-import { TimeoutError } from "@nats-io/transport-node";
 import type { JetStreamManagerOptions } from "@nats-io/jetstream";
 import { jetstream, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
 import type { KV, KvEntry, KvWatchEntry } from "@nats-io/kv";
@@ -13,7 +12,7 @@ import type { QueuedIterator } from "@nats-io/transport-node";
 import type { HolderInfo, LeaseBackend, LeaseRecord, LeaseWake } from "../../lease/lease.js";
 import { parseHolderRecord } from "../../link/index.js";
 import { BusError } from "../errors.js";
-import { noAnswer } from "./connect.js";
+import { askJetStream } from "./connect.js";
 
 export const leaseBucket = "mesh-controller_lease";
 const key = "holder";
@@ -60,7 +59,7 @@ export class NatsKvLease implements LeaseBackend {
     bucket = leaseBucket,
     timeoutMs?: number,
   ): Promise<NatsKvLease> {
-    const kv = await answered(nc, timeoutMs, () => NatsKvLease.bucket(nc, bucket, ttlMs, timeoutMs));
+    const kv = await askJetStream(nc, timeoutMs, () => NatsKvLease.bucket(nc, bucket, ttlMs, timeoutMs));
     return new NatsKvLease(nc, kv, bucket, ttlMs, timeoutMs);
   }
 
@@ -92,7 +91,7 @@ export class NatsKvLease implements LeaseBackend {
     const outcome = await this.unlessStale(() => this.kv.create(key, JSON.stringify(holder)));
     if (outcome.written) return outcome.revision;
     // Held — or left by a holder that stopped renewing, on a shorter life than the bucket keeps entries now.
-    const entry = await answered(this.nc, this.timeoutMs, () => this.kv.get(key));
+    const entry = await askJetStream(this.nc, this.timeoutMs, () => this.kv.get(key));
     if (entry === null || entry.operation !== "PUT" || !outlived(entry, this.holderOf(entry)))
       return undefined;
     // Cleared only if nothing was written since it was read, then taken as if given back.
@@ -119,7 +118,7 @@ export class NatsKvLease implements LeaseBackend {
   }
 
   async read(): Promise<LeaseRecord | undefined> {
-    const entry = await answered(this.nc, this.timeoutMs, () => this.kv.get(key));
+    const entry = await askJetStream(this.nc, this.timeoutMs, () => this.kv.get(key));
     if (entry === null || entry.operation !== "PUT") return undefined;
     const holder = this.holderOf(entry);
     if (outlived(entry, holder)) return undefined;
@@ -134,6 +133,10 @@ export class NatsKvLease implements LeaseBackend {
   }
 
   async raiseAbove(floor: number): Promise<boolean> {
+    return askJetStream(this.nc, this.timeoutMs, () => this.raiseAboveOnce(floor));
+  }
+
+  private async raiseAboveOnce(floor: number): Promise<boolean> {
     const jsm = await jetstreamManager(
       this.nc,
       this.timeoutMs === undefined ? {} : { timeout: this.timeoutMs },
@@ -201,10 +204,10 @@ export class NatsKvLease implements LeaseBackend {
     write: () => Promise<number>,
   ): Promise<{ written: true; revision: number } | { written: false }> {
     try {
-      return { written: true, revision: await write() };
+      return { written: true, revision: await askJetStream(this.nc, this.timeoutMs, write) };
     } catch (error) {
       if (error instanceof JetStreamApiError && error.code === wrongLastSequence) return { written: false };
-      if (error instanceof TimeoutError) throw noAnswer(this.nc.getServer(), this.timeoutMs ?? 5000, error);
+      if (error instanceof BusError) throw error;
       throw new BusError(
         "lease",
         `the lease in ${this.where} could not be written: ${(error as Error).message}`,
@@ -213,19 +216,5 @@ export class NatsKvLease implements LeaseBackend {
         },
       );
     }
-  }
-}
-
-/** Runs one operation on the bucket; the broker's silence past the timeout is the mesh's `timeout`. */
-async function answered<T>(
-  nc: NatsConnection,
-  timeoutMs: number | undefined,
-  operation: () => Promise<T>,
-): Promise<T> {
-  try {
-    return await operation();
-  } catch (error) {
-    if (error instanceof TimeoutError) throw noAnswer(nc.getServer(), timeoutMs ?? 5000, error);
-    throw error;
   }
 }
