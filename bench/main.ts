@@ -499,8 +499,8 @@ async function benchMesh(): Promise<void> {
         );
         rounds.push({ fanoutMs, converged: c, cpu, rollout });
       }
-      // The same roll-out sent to a held fleet (`Lab.hold`): its nodes verify and apply only once it has ended, so
-      // the roll-out has this machine's cores as it would beside a fleet of real machines. Convergence is not timed
+      // The same roll-out sent to a held fleet (`Lab.hold`): its nodes read, verify and apply it only once it has
+      // ended, so the roll-out has this machine's cores as it would beside a fleet of real machines. Convergence is not timed
       // in these rounds; each ends with the whole fleet holding what it was sent.
       const heldRollouts: Rollout[] = [];
       const heldSigning: number[] = [];

@@ -9,6 +9,9 @@ export interface LabConnection {
   /** How many broker connections the group's nodes share: more than one when its identity was too long for one. */
   readonly parts: number;
   nodeBus(node: string): NodeBus;
+  /** Stops reading what the broker sends the group (it waits, in order), until `resumeReading`. */
+  pauseReading(): void;
+  resumeReading(): void;
   close(): Promise<void>;
 }
 

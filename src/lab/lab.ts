@@ -204,16 +204,20 @@ export class Lab {
   }
 
   /**
-   * Holds the fleet as if its machines were paused: the broker still delivers to every node, and what arrives waits,
-   * in order, until `release`. The nodes' alives go on. A roll-out sent to a held fleet is the control plane's
-   * alone: the simulated nodes verifying and applying beside it would otherwise share this machine's cores with it,
-   * which a fleet of real machines does not.
+   * Holds the fleet as if its machines were paused: what the broker sends waits, in order, until `release`. Shared
+   * connections stop reading from the broker meanwhile (it waits in their sockets); what a node had read already,
+   * and what a node on a connection of its own is delivered, waits at the node. The nodes' alives go on. A
+   * roll-out sent to a held fleet is the control plane's alone: the simulated nodes verifying and applying beside
+   * it, or only reading and holding what it sends them, would otherwise share this machine's cores with it, which a
+   * fleet of real machines does not. A hold is for seconds: a connection that reads nothing for about half a minute
+   * takes its server for gone (its pings go unanswered) and dials again.
    */
   hold(): void {
     if (this.held !== undefined) return;
     let release: () => void = () => undefined;
     const released = new Promise<void>((resolve) => (release = resolve));
     this.held = { released, release };
+    for (const connection of this.connections) connection.pauseReading();
   }
 
   /**
@@ -224,9 +228,11 @@ export class Lab {
     return this.waiting;
   }
 
-  /** Lets a held fleet go: each node then handles what reached it meanwhile, in the order it arrived. */
+  /** Lets a held fleet go: each node then handles what was sent to it meanwhile, in the order it was sent. */
   release(): void {
-    this.held?.release();
+    if (this.held === undefined) return;
+    for (const connection of this.connections) connection.resumeReading();
+    this.held.release();
     this.held = undefined;
   }
 

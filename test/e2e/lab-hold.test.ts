@@ -1,7 +1,8 @@
 /**
  * A held lab (`Lab.hold`, what the bench sends a roll-out to so that the simulated fleet does not share the cores
- * with it): the broker still delivers to every node, and no node applies anything until the lab is let go; then
- * each applies what it was sent, in the order it was sent.
+ * with it): what the broker sends waits (a shared connection stops reading it), and no node applies anything until
+ * the lab is let go; then each applies what it was sent, in the order it was sent. A lab not held beside it, sent
+ * the same declarations, shows that they went out meanwhile.
  */
 import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
@@ -22,35 +23,45 @@ describe("lab — a held fleet", () => {
   const { dir, data } = suite;
   const cli = (args: string[]) => mesh(["--data", data, ...args]);
 
-  test("lab held — two declarations reach every node and wait; let go, each node applies both, in order", async () => {
+  test("lab held — two declarations sent to every node wait; let go, each node applies both, in order", async () => {
     const applied = new Map<string, number[]>();
-    const lab = new Lab({
-      nodes: 6,
-      prefix: "held",
-      aliveEveryMs: 60_000,
-      connections: "shared",
-      groupSize: 3,
-      joinConcurrency: 6,
-      joinTimeoutMs: 60_000,
-      dataDir: data,
-      log: createLogger({ level: "warn" }),
-      onEvent: (node, event) => {
-        if (event.kind === "applied") applied.set(node, [...(applied.get(node) ?? []), event.sequence]);
-      },
-    });
+    const labOf = (prefix: string, nodes: number) =>
+      new Lab({
+        nodes,
+        prefix,
+        aliveEveryMs: 60_000,
+        connections: "shared",
+        groupSize: 3,
+        joinConcurrency: 6,
+        joinTimeoutMs: 60_000,
+        dataDir: data,
+        log: createLogger({ level: "warn" }),
+        onEvent: (node, event) => {
+          if (event.kind === "applied") applied.set(node, [...(applied.get(node) ?? []), event.sequence]);
+        },
+      });
+    const lab = labOf("held", 6);
+    // Not held: the declarations reach it as they reach any node, so the held nodes' have been sent by then.
+    const witness = labOf("witness", 1);
     const options = compileMeshOptions({ dataDir: data, flags: {}, env: {} });
     const store = await openStore(options.storeUrl, { historyLimit: options.historyLimit });
     try {
       const identities = openIdentities(data, { url: suite.broker.url });
-      const tokens = await lab
-        .issueTokens(store, identities, loadOrCreateSigningKey(join(data, "keys")).fingerprint, 600_000)
-        .finally(() => identities.close());
-      const joins = await lab.join(tokens);
-      assert.deepEqual(
-        joins.filter((outcome) => outcome.error !== undefined),
-        [],
-      );
-      await lab.start();
+      const fingerprint = loadOrCreateSigningKey(join(data, "keys")).fingerprint;
+      try {
+        for (const one of [lab, witness]) {
+          const joins = await one.join(await one.issueTokens(store, identities, fingerprint, 600_000));
+          assert.deepEqual(
+            joins.filter((outcome) => outcome.error !== undefined),
+            [],
+          );
+          await one.start();
+        }
+      } finally {
+        await identities.close();
+      }
+      const [witnessNode] = witness.names;
+      assert.ok(witnessNode !== undefined);
 
       lab.hold();
       for (const round of [1, 2]) {
@@ -59,11 +70,16 @@ describe("lab — a held fleet", () => {
         const run = await cli(["declare", "--all", "-f", file]);
         assert.equal(run.code, 0, run.stderr);
       }
-      // Every node has its first declaration in hand (the second waits behind it): none is applied.
-      await eventually("every node to have a delivery waiting", () =>
-        lab.heldNodes() === 6 ? true : undefined,
+      // Both went out: the node not held applied them, and had its reports taken. The held nodes applied nothing.
+      await eventually("the node not held to apply both declarations and have its reports taken", () =>
+        applied.get(witnessNode)?.length === 2 && witness.status().reporting === 1 ? true : undefined,
       );
-      assert.deepEqual([...applied], []);
+      assert.deepEqual(
+        lab.names.filter((node) => applied.has(node)),
+        [],
+      );
+      // Their connections read nothing meanwhile: no delivery reached a node to wait there.
+      assert.equal(lab.heldNodes(), 0);
 
       lab.release();
       await eventually("every node to apply both declarations", () =>
@@ -73,6 +89,7 @@ describe("lab — a held fleet", () => {
       assert.equal(lab.heldNodes(), 0);
     } finally {
       await lab.stop();
+      await witness.stop();
       await store.close();
     }
   });

@@ -12,6 +12,7 @@ import {
   UserAuthenticationExpiredError,
 } from "@nats-io/transport-node";
 import { nodeResolveHost, NodeTransport } from "@nats-io/transport-node/lib/node_transport.js";
+import type { Socket } from "node:net";
 import { encode, fromSeed } from "@nats-io/nkeys";
 import { fastSigner } from "./authority.js";
 import { BrokerRefusedIdentity, BusError, unreachableSocketCodes } from "../errors.js";
@@ -46,6 +47,16 @@ class ClosingTransport extends NodeTransport {
     if (!this.connected) this.discard();
     return super.close(err);
   }
+}
+
+/**
+ * The socket a connection reads the server from now (a reconnect dials a new one), when it is this client's own
+ * kind: what the lab pauses to hold a fleet.
+ */
+export function socketOf(nc: NatsConnection): Socket | undefined {
+  if (!(nc instanceof NatsConnectionImpl)) return undefined;
+  const transport = nc.protocol.transport;
+  return transport instanceof NodeTransport ? transport.socket : undefined;
 }
 
 export async function connectNats(options: NatsConnectOptions): Promise<NatsConnection> {

@@ -8,7 +8,7 @@ import { controlSubject, declarationSubject, nodeSubjects, receiptSubject } from
 import type { NodeBus, NodeDelivery } from "../bus.js";
 import { MeshError } from "../../errors.js";
 import { loadOrCreateAuthority, newUserKey, userJwt } from "./authority.js";
-import { asBusError, connectNats } from "./connect.js";
+import { asBusError, connectNats, socketOf } from "./connect.js";
 
 /**
  * nats-server's default `max_control_line`. The CONNECT line carries the identity's JWT, which names every node of the
@@ -73,6 +73,20 @@ export class NatsLabConnection {
       throw error;
     }
     return new NatsLabConnection(connections, opened);
+  }
+
+  /**
+   * Stops reading from the broker on every connection of the group, until `resumeReading`: what the broker sends
+   * meanwhile waits in the sockets, in order, and costs this process nothing until then. What the nodes publish
+   * still goes out.
+   */
+  pauseReading(): void {
+    for (const nc of this.opened) socketOf(nc)?.pause();
+  }
+
+  /** Reads again what the broker sent while paused, and on. */
+  resumeReading(): void {
+    for (const nc of this.opened) socketOf(nc)?.resume();
   }
 
   /** How many connections the group's nodes share. */
