@@ -39,6 +39,7 @@ import {
   roundCpuTotal,
   rssMiB,
   runMesh,
+  runMeshTimed,
   startServe,
 } from "./mesh.js";
 import type { BenchBroker, Drained } from "./broker.js";
@@ -445,8 +446,8 @@ async function benchMesh(): Promise<void> {
         JSON.stringify({ files: [{ path: "/etc/bench-one", content: "declared by the benchmark\n" }] }),
       );
       let startedAt = performance.now();
-      await runMesh(data, ["declare", first, "-f", oneFile, "--json", ...declareTimeout]);
-      const oneMs = performance.now() - startedAt;
+      const one = await runMeshTimed(data, ["declare", first, "-f", oneFile, "--json", ...declareTimeout]);
+      const oneMs = one.endedAt - startedAt;
       // A minute, and more for a larger fleet: its first node may be among the last to settle in after joining.
       await waitFor(() => converged.has(first), 60_000 + nodes.length * 10);
       converged.delete(first);
@@ -482,8 +483,15 @@ async function benchMesh(): Promise<void> {
         appliedNodes.clear();
         const cpuBefore = roundCpu(serve.pid, broker.pid);
         startedAt = performance.now();
-        await runMesh(data, ["declare", "--all", "-f", declarationFile, "--json", ...declareTimeout]);
-        const fanoutMs = performance.now() - startedAt;
+        const all = await runMeshTimed(data, [
+          "declare",
+          "--all",
+          "-f",
+          declarationFile,
+          "--json",
+          ...declareTimeout,
+        ]);
+        const fanoutMs = all.endedAt - startedAt;
         await waitFor(() => converged.size >= running, 300_000);
         const cpu = cpuSince(cpuBefore, roundCpu(serve.pid, broker.pid));
         const c = spread([...converged.values()].map((t) => t - startedAt));

@@ -23,26 +23,48 @@ export function meshCli(data: string, args: readonly string[]): string {
  * nodes' work, and a command printing more than a pipe holds (`mesh declare --all --json` to 10,000 nodes prints half
  * a megabyte) would wait for that before it could exit, as no operator's terminal makes it wait.
  */
-export function runMesh(data: string, args: readonly string[], profileDir?: string): Promise<string> {
+export async function runMesh(data: string, args: readonly string[], profileDir?: string): Promise<string> {
+  return (await runMeshTimed(data, args, profileDir)).stdout;
+}
+
+/**
+ * Runs a command as `runMesh` does, and says when it exited, on this process's `performance.now()` clock. The time is
+ * taken by a shell waiting for the command, not by this process: this one hears of the exit only between the simulated
+ * nodes' work, which at 10,000 nodes taking a declaration was a second or more after it.
+ */
+export async function runMeshTimed(
+  data: string,
+  args: readonly string[],
+  profileDir?: string,
+): Promise<{ stdout: string; endedAt: number }> {
   const flags = profileDir === undefined ? [] : ["--cpu-prof", "--cpu-prof-dir", profileDir];
   const outDir = mkdtempSync(join(tmpdir(), "mesh-bench-run-"));
   const outPath = join(outDir, "stdout");
   const errPath = join(outDir, "stderr");
+  const endPath = join(outDir, "ended");
   const out = openSync(outPath, "w");
   const err = openSync(errPath, "w");
-  let ended = false;
+  let done = false;
   const read = () => {
     // Node may tell both a failure to start and an exit: the files are read and removed once.
-    if (ended) return { stdout: "", stderr: "" };
-    ended = true;
+    if (done) return { stdout: "", stderr: "", ended: "" };
+    done = true;
     closeSync(out);
     closeSync(err);
-    const said = { stdout: readFileSync(outPath, "utf8"), stderr: readFileSync(errPath, "utf8") };
+    const said = {
+      stdout: readFileSync(outPath, "utf8"),
+      stderr: readFileSync(errPath, "utf8"),
+      // Absent when the command could not start: read as empty (the file is made for it).
+      ended: readFileSync(endPath, { encoding: "utf8", flag: "a+" }).trim(),
+    };
     rmSync(outDir, { recursive: true, force: true });
     return said;
   };
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [...flags, `${root}bin/mesh.js`, "--data", data, ...args], {
+    // `date +%s%N`: the wall clock in nanoseconds, as the shell saw the command end.
+    const waiter = '"$@"; code=$?; date +%s%N >"$0"; exit $code';
+    const command = [process.execPath, ...flags, `${root}bin/mesh.js`, "--data", data, ...args];
+    const child = spawn("/bin/sh", ["-c", waiter, endPath, ...command], {
       env: { ...process.env, MESH_HOME: "" },
       stdio: ["ignore", out, err],
     });
@@ -51,10 +73,19 @@ export function runMesh(data: string, args: readonly string[], profileDir?: stri
       reject(new Error(`mesh ${args.join(" ")} could not start: ${error.message}`));
     });
     child.once("exit", (code, signal) => {
-      const { stdout, stderr } = read();
-      if (code === 0) resolve(stdout);
-      else
+      const { stdout, stderr, ended } = read();
+      if (code !== 0) {
         reject(new Error(`mesh ${args.join(" ")} failed (exit ${code ?? signal}):\n${stderr.slice(-2000)}`));
+        return;
+      }
+      if (!/^\d+$/.test(ended)) {
+        reject(
+          new Error(`mesh ${args.join(" ")}: the shell did not say when it ended (it wrote "${ended}")`),
+        );
+        return;
+      }
+      const endedAt = Number(BigInt(ended) / 1000n) / 1000 - performance.timeOrigin;
+      resolve({ stdout, endedAt });
     });
   });
 }

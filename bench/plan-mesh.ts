@@ -11,7 +11,7 @@ import type { Spread } from "../src/lab/figures.js";
 import { spread } from "../src/lab/figures.js";
 import type { Store } from "../src/store/index.js";
 import type { ServeProcess } from "./mesh.js";
-import { runMesh } from "./mesh.js";
+import { runMesh, runMeshTimed } from "./mesh.js";
 import { benchFleet, benchPlan, changedUnit } from "./plan.js";
 import { waitFor } from "./wait.js";
 
@@ -129,14 +129,14 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
     converged.clear();
     const started = performance.now();
     held?.hold();
-    let output: string;
+    let ran: { stdout: string; endedAt: number };
     try {
-      output = await runMesh(data, ["plan", "apply", "-f", file, "--json", ...commandTimeout]);
+      ran = await runMeshTimed(data, ["plan", "apply", "-f", file, "--json", ...commandTimeout]);
     } finally {
       held?.release();
     }
-    const result = appliedSchema.parse(JSON.parse(output));
-    const applyMs = performance.now() - started;
+    const result = appliedSchema.parse(JSON.parse(ran.stdout));
+    const applyMs = ran.endedAt - started;
     const running = settings.running();
     const awaited = result.sent.filter(({ node }) => running.has(node));
     if (awaited.length < result.sent.length) {
