@@ -508,8 +508,8 @@ async function benchMesh(): Promise<void> {
         rounds.push({ fanoutMs, converged: c, cpu, rollout });
       }
       // The same roll-out sent to a held fleet (`Lab.hold`): its nodes read, verify and apply it only once it has
-      // ended, so the roll-out has this machine's cores as it would beside a fleet of real machines. Convergence is not timed
-      // in these rounds; each ends with the whole fleet holding what it was sent.
+      // ended, so the roll-out has this machine's cores as it would beside a fleet of real machines. Convergence is
+      // not timed in these rounds; each ends with the whole fleet holding what it was sent.
       const heldRollouts: Rollout[] = [];
       const heldSigning: number[] = [];
       /** Each party's CPU from the command's start to serve's log of the roll-out, the fleet held throughout. */

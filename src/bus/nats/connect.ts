@@ -145,15 +145,15 @@ function errnoOf(error: unknown): string {
 }
 
 /** The JetStream client's own wait for an answer, when the caller gives none. */
-export const jetStreamTimeoutMs = 5000;
+const jetStreamTimeoutMs = 5000;
 /** The longest pause between asking again while JetStream has no responder (it doubles up to this from 10 ms). */
 const noResponderPauseMs = 200;
 
 /**
- * Runs one operation of the JetStream API. The broker's silence past the timeout is the mesh's `timeout`. While nats-server
- * applies an update of the account's claims (the control plane pushes one at each revocation, so at every join) the
- * account's JetStream has no responder for a moment: the request reached nobody and did nothing, so it is asked
- * again, within the timeout, and only a JetStream that stays without one is a failure (the client calls that
+ * Runs one operation of the JetStream API. The broker's silence past the timeout is the mesh's `timeout`. While
+ * nats-server applies an update of the account's claims (the control plane pushes one at each revocation, so at every
+ * join) the account's JetStream has no responder for a moment: the request reached nobody and did nothing, so it is
+ * asked again, within the timeout, and only a JetStream that stays without one is a failure (the client calls that
  * "jetstream is not enabled"). Any other failure, a compare-and-set refused among them, is passed on as it is.
  */
 export async function askJetStream<T>(
