@@ -14,6 +14,7 @@ import type { Store } from "../store/index.js";
 import type { RolloutContext } from "./plans.js";
 import { DeclaredInPart, resendLatest } from "./declarations.js";
 import { readFleet, readPlan, rollOut } from "./plans.js";
+import { SentMemory } from "./sent-memory.js";
 
 export interface PlanWatchSettings {
   context: RolloutContext;
@@ -56,6 +57,7 @@ export class PlanWatch {
   constructor(private readonly settings: PlanWatchSettings) {
     this.context = {
       ...settings.context,
+      sentMemory: new SentMemory(),
       onSending: (sending) => {
         this.rolling = sending;
         this.holdUntil = undefined;

@@ -15,6 +15,7 @@ import type { Composition, ItemConflict } from "./compose.js";
 import { composeFleet } from "./compose.js";
 import type { DeclareContext, SentDeclaration } from "./declarations.js";
 import { sendDeclarations } from "./declarations.js";
+import type { SentMemory } from "./sent-memory.js";
 import { livenessOf, longestListened } from "./liveness.js";
 import { parseOperatorFile } from "./operator-file.js";
 import type { OverlayMember } from "./overlay.js";
@@ -85,6 +86,8 @@ export interface FleetReading {
   overlayKeys?: ReadonlyMap<string, string>;
   /** The overlay addresses given so far, by node. */
   addresses?: ReadonlyMap<string, string>;
+  /** Each node's newest declaration sequence: 0 for a node never declared to. */
+  declarationSequences?: ReadonlyMap<string, number>;
 }
 
 export async function readFleet(store: Store, now: Date, outOfTouchAfterMs: number): Promise<FleetReading> {
@@ -92,9 +95,11 @@ export async function readFleet(store: Store, now: Date, outOfTouchAfterMs: numb
   const nodes: FleetNode[] = [];
   const away = new Map<string, number>();
   const overlayKeys = new Map<string, string>();
+  const declarationSequences = new Map<string, number>();
   const profiles = new Map<string, FleetNode["profile"]>();
   for (const node of await store.nodes.fleet()) {
     nodes.push({ name: node.name, profile: profileOf(node.name, node.profile, profiles) });
+    declarationSequences.set(node.name, node.declarationSequence);
     if (node.overlayKey !== null) overlayKeys.set(node.name, node.overlayKey);
     const reading = livenessOf(node.lastSeen, now, outOfTouchAfterMs, hearing);
     if (reading.liveness === "out_of_touch" && node.lastSeen !== null) {
@@ -106,7 +111,7 @@ export async function readFleet(store: Store, now: Date, outOfTouchAfterMs: numb
     }
   }
   profilesRead = profiles;
-  return { nodes, away, overlayKeys, addresses: await store.overlay.addresses() };
+  return { nodes, away, overlayKeys, addresses: await store.overlay.addresses(), declarationSequences };
 }
 
 /**
@@ -159,11 +164,19 @@ export interface Outlook {
   conditions: Condition[];
 }
 
-/** Which nodes hold each unit now, from what every node was last sent. */
-export function heldOf(last: ReadonlyMap<string, LastSent>): Held {
+/**
+ * Which nodes hold each unit now, from what every node was last sent. Given `plan`, only its units with a count: the
+ * only ones allot asks this of (at 10,000 nodes each holding eight units, the sets of all of them took 9 ms).
+ */
+export function heldOf(last: ReadonlyMap<string, LastSent>, plan?: Plan): Held {
+  const counted =
+    plan === undefined
+      ? undefined
+      : new Set(plan.units.flatMap((unit) => (unit.count === undefined ? [] : [unit.name])));
   const held = new Map<string, Set<string>>();
   for (const [node, sent] of last) {
     for (const unit of sent.units) {
+      if (counted !== undefined && !counted.has(unit)) continue;
       let nodes = held.get(unit);
       if (nodes === undefined) held.set(unit, (nodes = new Set()));
       nodes.add(node);
@@ -334,6 +347,8 @@ export interface Rollout {
 
 export interface RolloutContext extends DeclareContext {
   outOfTouchAfterMs: number;
+  /** What this control plane sent each node, kept between its roll-outs; without it each reads the store. */
+  sentMemory?: SentMemory;
   /** Told when declarations begin to be sent, with their sending (it settles when they are sent or have failed). */
   onSending?: (sending: Promise<unknown>) => void;
 }
@@ -349,14 +364,13 @@ export async function rollOut(context: RolloutContext, epoch: number): Promise<R
   await passGate(context, epoch);
   const { revision, plan } = await readPlan(store);
   const now = context.now();
-  const last = await store.declarations.latestSent();
-  const fleet = await giveOverlayAddresses(
-    store,
-    plan,
-    await readFleet(store, now, context.outOfTouchAfterMs),
-    now.toISOString(),
-  );
-  const outlook = outlookOf(plan, fleet, heldOf(last));
+  const reading = await readFleet(store, now, context.outOfTouchAfterMs);
+  const last =
+    context.sentMemory === undefined
+      ? await store.declarations.latestSent()
+      : await context.sentMemory.read(store, epoch, reading.declarationSequences ?? new Map());
+  const fleet = await giveOverlayAddresses(store, plan, reading, now.toISOString());
+  const outlook = outlookOf(plan, fleet, heldOf(last, plan));
   const targets = [...outlook.compositions]
     .filter(([node, composition]) => needsSending(composition, last.get(node)))
     .map(([node, composition]) => ({ node, ...composition }));
@@ -366,6 +380,7 @@ export async function rollOut(context: RolloutContext, epoch: number): Promise<R
     const sending = sendDeclarations(context, targets, epoch);
     context.onSending?.(sending);
     sent = await sending;
+    context.sentMemory?.remember(epoch, sent, new Map(targets.map((target) => [target.node, target.units])));
   }
   const sentAt = performance.now();
   await passGate(context, epoch);

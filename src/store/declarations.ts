@@ -68,7 +68,7 @@ export interface LatestSent {
   sequence: number;
   epoch: number;
   digest: string;
-  units: string[];
+  units: readonly string[];
 }
 
 export class DeclarationQueries {
