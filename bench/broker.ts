@@ -25,7 +25,7 @@ import { MeshUsers } from "../src/bus/amqp/users.js";
 import { openLabConnection } from "../src/bus/lab.js";
 import { writeNatsServerConfig } from "../src/bus/nats/server.js";
 import type { HostIdentity } from "../src/host/state.js";
-import { declarationChunkFor } from "../src/control/declarations.js";
+import { declarationChunk } from "../src/control/declarations.js";
 import { controlQueue, declarationSubject, decodeToken } from "../src/link/index.js";
 import { meshCli } from "./mesh.js";
 
@@ -208,9 +208,8 @@ async function startNats(data: string, dir: string): Promise<BenchBroker> {
       const started = performance.now();
       // Like for like: a declaration is a plain publish to its node's own subject, flushed a chunk at a time; these
       // name nodes that do not exist, so nobody hears them (the control plane's identity may publish nothing else).
-      const chunk = declarationChunkFor(count);
-      for (let start = 0; start < count; start += chunk) {
-        for (const subject of subjects.slice(start, start + chunk)) nc.publish(subject, body);
+      for (let start = 0; start < count; start += declarationChunk) {
+        for (const subject of subjects.slice(start, start + declarationChunk)) nc.publish(subject, body);
         await nc.flush();
       }
       const ms = performance.now() - started;
@@ -410,9 +409,8 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
         const queues = Array.from({ length: count }, (_, index) => `bench.raw.${index}`);
         for (const queue of queues) await channel.assertQueue(queue, { durable: true });
         const publishAll = async () => {
-          const chunk = declarationChunkFor(count);
-          for (let start = 0; start < count; start += chunk) {
-            for (const queue of queues.slice(start, start + chunk))
+          for (let start = 0; start < count; start += declarationChunk) {
+            for (const queue of queues.slice(start, start + declarationChunk))
               channel.publish("", queue, Buffer.from(body), {
                 persistent: true,
                 contentType: "application/json",

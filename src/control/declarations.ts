@@ -47,22 +47,12 @@ export interface SentDeclaration {
 }
 
 /**
- * The most declarations signed, recorded and sent together: the first nodes hear while the rest are signed. Each
+ * How many declarations are signed, recorded and sent together: the first nodes hear while the rest are signed. Each
  * chunk costs a transaction, a wait for the broker and a message to the signing threads and back, whatever its size:
  * a roll-out to 10,000 nodes in chunks of 500 used about a tenth less CPU than in chunks of 250, and chunks of 1,000
  * no less than of 500 (the roll-out alone, to nodes nobody listens for, on SQLite and a local NATS server).
  */
 export const declarationChunk = 500;
-
-/**
- * How many declarations a roll-out to `count` nodes takes together: about an eighth of them, at least 64 and at most
- * `declarationChunk`. Until its first chunk is signed nothing else is under way, and after its last is signed only
- * that chunk's recording and sending are: a roll-out to 1,000 nodes in two chunks of 500 spent most of its time in
- * those two waits (a median of 74-80 ms, against 60 ms in chunks of 125; the roll-out alone, as above).
- */
-export function declarationChunkFor(count: number): number {
-  return Math.min(declarationChunk, Math.max(64, Math.ceil(count / 8)));
-}
 
 /**
  * How many chunks are being signed while one is recorded and sent. Two: signing a chunk on one thread takes about as
@@ -96,7 +86,6 @@ export async function sendDeclarations(
   const names = [...byNode.keys()];
   // An unknown or retired node refuses the whole batch here, before anything is sealed or sent.
   const sequences = await store.nodes.nextDeclarationSequences(names);
-  const chunkSize = declarationChunkFor(names.length);
   const issuedAt = context.now().toISOString();
   // One encoder per composition: its items are checked once, however many nodes hold it, and kept once.
   const encoders = new Map<string, { encode: DeclarationEncoder; kept?: KeptItems }>();
@@ -125,7 +114,7 @@ export async function sendDeclarations(
   /** A chunk's declarations sealed, or why they could not be: never a rejection left unawaited. */
   const seal = async (start: number) => {
     try {
-      const chunk = names.slice(start, start + chunkSize).map(compose);
+      const chunk = names.slice(start, start + declarationChunk).map(compose);
       const { privateKey, fingerprint } = context.signing;
       const sealed = await sealDeclarationTextsOffThread(
         chunk.map(({ bytes }) => bytes),
@@ -165,14 +154,14 @@ export async function sendDeclarations(
   try {
     // The next chunks are signed on the signing threads while this one is recorded and sent.
     const sealing = [];
-    for (let ahead = 0; ahead < sealedAhead && ahead * chunkSize < names.length; ahead++)
-      sealing.push(seal(ahead * chunkSize));
-    for (let start = 0; start < names.length; start += chunkSize) {
+    for (let ahead = 0; ahead < sealedAhead && ahead * declarationChunk < names.length; ahead++)
+      sealing.push(seal(ahead * declarationChunk));
+    for (let start = 0; start < names.length; start += declarationChunk) {
       const sealed = await sealing.shift();
       if (sealed === undefined) throw new MeshError("internal", `chunk ${start} was not sealed`);
       if ("error" in sealed) throw sealed.error;
       const { composed } = sealed;
-      const next = start + sealedAhead * chunkSize;
+      const next = start + sealedAhead * declarationChunk;
       if (next < names.length) sealing.push(seal(next));
       if (context.gate !== undefined && !(await context.gate())) {
         throw new MeshError(

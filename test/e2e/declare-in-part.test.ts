@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { ControlBus } from "../../src/bus/index.js";
 import type { DeclareContext } from "../../src/control/declarations.js";
-import { declarationChunkFor, sendDeclarations } from "../../src/control/declarations.js";
+import { declarationChunk, sendDeclarations } from "../../src/control/declarations.js";
 import { MeshError } from "../../src/errors.js";
 import { itemsDigest, itemsOfContents } from "../../src/link/index.js";
 import { loadOrCreateSigningKey } from "../../src/keys/index.js";
@@ -22,16 +22,15 @@ import { natsTransport } from "../support/transports.js";
 describe("declare — a fleet's declaration stopped part-way", () => {
   const dir = tempDir("mesh-declare-part-");
   let transport: Transport;
-  const nodes = Array.from({ length: 300 }, (_, i) => `n-${String(i).padStart(4, "0")}`);
-  const chunk = declarationChunkFor(nodes.length);
-  /** What no chunk began after the first, and after the second. */
-  const afterFirst = nodes.length - chunk;
-  const afterSecond = nodes.length - 2 * chunk;
+  const nodes = Array.from(
+    { length: 2 * declarationChunk + 100 },
+    (_, i) => `n-${String(i).padStart(4, "0")}`,
+  );
   const items = itemsOfContents({ files: [{ type: "file", path: "/etc/fleet", content: "everyone\n" }] });
   const targets = nodes.map((node) => ({ node, items, digest: itemsDigest(items), units: ["fleet"] }));
-  /** The first two chunks, as the failures tell them. */
-  const first = `${chunk} of ${nodes.length} nodes \\(${nodes[0]} to ${nodes[chunk - 1]}\\)`;
-  const second = `${chunk} more \\(${nodes[chunk]} to ${nodes[2 * chunk - 1]}\\)`;
+  /** The chunks, as the failures tell them: two whole ones and what is left. */
+  const first = `${declarationChunk} of ${nodes.length} nodes \\(${nodes[0]} to ${nodes[declarationChunk - 1]}\\)`;
+  const second = `${declarationChunk} more \\(${nodes[declarationChunk]} to ${nodes[2 * declarationChunk - 1]}\\)`;
   const signing = () => loadOrCreateSigningKey(join(dir.path, "keys"));
 
   before(async () => {
@@ -84,17 +83,17 @@ describe("declare — a fleet's declaration stopped part-way", () => {
         failure.message,
         new RegExp(
           `^the declaration was sent to ${first}; ${second} are recorded and are sent when their alives say they ` +
-            `hold an older one; ${afterSecond} were not declared; then it failed: `,
+            "hold an older one; 100 were not declared; then it failed: ",
         ),
       );
       assert.deepEqual(
         (await sentEvents(store)).sort(),
-        nodes.slice(0, chunk),
+        nodes.slice(0, declarationChunk),
         "the audit trail holds the first chunk's sending, and no other",
       );
       assert.equal((await store.declarations.latest(nodes[0] ?? ""))?.sequence, 1);
       assert.equal(
-        (await store.declarations.latest(nodes[chunk] ?? ""))?.sequence,
+        (await store.declarations.latest(nodes[declarationChunk] ?? ""))?.sequence,
         1,
         "the chunk being sent is recorded",
       );
@@ -124,13 +123,13 @@ describe("declare — a fleet's declaration stopped part-way", () => {
       assert.match(
         failure.message,
         new RegExp(
-          `^the declaration was sent to ${first}; ${afterFirst} were not declared; then it failed: ` +
+          `^the declaration was sent to ${first}; ${declarationChunk + 100} were not declared; then it failed: ` +
             "the lease no longer stands at epoch 1",
         ),
       );
       assert.equal(asked, 2, "the gate is asked before each chunk");
-      assert.equal((await sentEvents(store)).length, chunk);
-      assert.equal(await store.declarations.latest(nodes[chunk] ?? ""), undefined);
+      assert.equal((await sentEvents(store)).length, declarationChunk);
+      assert.equal(await store.declarations.latest(nodes[declarationChunk] ?? ""), undefined);
     } finally {
       await side.close();
       await store.close();

@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { ControlBus, ControlSide } from "../../src/bus/index.js";
-import { declarationChunkFor } from "../../src/control/declarations.js";
+import { declarationChunk } from "../../src/control/declarations.js";
 import { PlanWatch } from "../../src/control/plan-watch.js";
 import { pinned, planText, readPlan } from "../../src/control/plans.js";
 import { loadOrCreateSigningKey } from "../../src/keys/index.js";
@@ -24,9 +24,8 @@ import { natsTransport } from "../support/transports.js";
 
 describe("plan watch — a roll-out's sending", () => {
   const dir = tempDir("mesh-rollout-hold-");
-  // Whole chunks and some more.
-  const nodes = Array.from({ length: 150 }, (_, i) => `h${String(i).padStart(5, "0")}`);
-  const chunk = declarationChunkFor(nodes.length);
+  // One whole chunk and some more.
+  const nodes = Array.from({ length: declarationChunk + 50 }, (_, i) => `h${String(i).padStart(5, "0")}`);
   let transport: Transport;
   let side: ControlSide;
   const stores: Store[] = [];
@@ -171,7 +170,7 @@ describe("plan watch — a roll-out's sending", () => {
       await eventually("the plan to be marked sent", async () =>
         (await store.plans.sent())?.revision === 1 ? true : undefined,
       );
-      const firstChunk = nodes.slice(0, chunk);
+      const firstChunk = nodes.slice(0, declarationChunk);
       assert.deepEqual(
         calls.filter((call) => call.startsWith("again ")),
         firstChunk.map((node) => `again ${node}`),
@@ -179,7 +178,7 @@ describe("plan watch — a roll-out's sending", () => {
       );
       assert.deepEqual(
         calls.filter((call) => call.startsWith("chunk ")),
-        nodes.slice(chunk).map((node) => `chunk ${node}`),
+        nodes.slice(declarationChunk).map((node) => `chunk ${node}`),
         "the rest is sent by the roll-out that follows",
       );
       assert.ok(
@@ -193,7 +192,7 @@ describe("plan watch — a roll-out's sending", () => {
       // used, have the next.
       assert.deepEqual(
         nodes.map((node) => latest.get(node)?.sequence),
-        nodes.map((_node, index) => (index < chunk ? 1 : 2)),
+        nodes.map((_node, index) => (index < declarationChunk ? 1 : 2)),
       );
     } finally {
       await watch.stop();
