@@ -6,7 +6,7 @@ import type { ControlBus } from "../bus/index.js";
 import { MeshError } from "../errors.js";
 import type { SigningIdentity } from "../keys/index.js";
 import { sealDeclarationTextsOffThread } from "../keys/index.js";
-import type { DeclarationEncoder, DeclaredItem, UnitContents } from "../link/index.js";
+import type { CheckedItems, DeclarationEncoder, DeclaredItem, UnitContents } from "../link/index.js";
 import {
   checkContents,
   declarationEncoder,
@@ -87,8 +87,10 @@ export async function sendDeclarations(
   // An unknown or retired node refuses the whole batch here, before anything is sealed or sent.
   const sequences = await store.nodes.nextDeclarationSequences(names);
   const issuedAt = context.now().toISOString();
-  // One encoder per composition: its items are checked once, however many nodes hold it, and kept once.
+  // One encoder per composition: its items are checked once, however many nodes hold it, and kept once; an item
+  // the compositions share is checked once for them all.
   const encoders = new Map<string, { encode: DeclarationEncoder; kept?: KeptItems }>();
+  const checkedItems: CheckedItems = new WeakMap();
   const compose = (node: string) => {
     const sequence = sequences.get(node);
     const target = byNode.get(node);
@@ -96,7 +98,7 @@ export async function sendDeclarations(
       throw new MeshError("internal", `no sequence was allocated for ${node}`);
     let composition = encoders.get(target.digest);
     if (composition === undefined) {
-      composition = { encode: declarationEncoder(target.items, target.digest) };
+      composition = { encode: declarationEncoder(target.items, target.digest, checkedItems) };
       encoders.set(target.digest, composition);
     }
     // Checked as it is encoded; the signature covers these bytes exactly, and the node verifies them before it

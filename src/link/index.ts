@@ -53,7 +53,7 @@ export type {
   NodeCredential,
   Report,
 } from "./messages.js";
-export type { DeclarationEncoder, DeclarationHeader, KeptDeclaration } from "./parse.js";
+export type { CheckedItems, DeclarationEncoder, DeclarationHeader, KeptDeclaration } from "./parse.js";
 export {
   declarationEncoder,
   encodeMessage,

@@ -123,6 +123,13 @@ export class DeclarationQueries {
               ),
         );
       }
+      // A roll-out's nodes on the same units share one list: written out once.
+      const unitsTexts = new Map<readonly string[] | undefined, string>();
+      const unitsText = (units: readonly string[] | undefined) => {
+        let text = unitsTexts.get(units);
+        if (text === undefined) unitsTexts.set(units, (text = JSON.stringify(units ?? [])));
+        return text;
+      };
       for (const slice of slices(declarations)) {
         const rows = slice.map((declaration) => ({
           node: declaration.node,
@@ -130,7 +137,7 @@ export class DeclarationQueries {
           epoch: declaration.epoch,
           issued_at: declaration.issuedAt,
           digest: declaration.digest,
-          units: JSON.stringify(declaration.units ?? []),
+          units: unitsText(declaration.units),
           items_key: declaration.items.key,
           signature: declaration.signature,
           signer: declaration.signer,

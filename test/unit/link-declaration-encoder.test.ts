@@ -10,13 +10,14 @@ import fc from "fast-check";
 
 import { KeyError } from "../../src/errors.js";
 import { fingerprint, openDeclaration, sealDeclaration } from "../../src/keys/index.js";
-import type { DeclaredItem } from "../../src/link/index.js";
+import type { CheckedItems, DeclaredItem } from "../../src/link/index.js";
 import {
   ContractError,
   declarationEncoder,
   encodeMessage,
   envelopeText,
   itemsDigest,
+  itemsOfContents,
   keptDeclarationText,
   maxMessageBytes,
   parseDeclarationEnvelope,
@@ -36,6 +37,16 @@ const text = fc.string({ unit: "grapheme", maxLength: 40 });
 const itemsArbitrary = fc
   .uniqueArray(fc.stringMatching(/^[a-z0-9_-]{1,12}$/), { minLength: 0, maxLength: 6 })
   .chain((names) => fc.tuple(...names.map((name) => text.map((content) => file(`/etc/${name}`, content)))));
+/** The same files as a plan's unit holds them, for items made as compose makes them (`itemsOfContents`). */
+const plannedFiles = fc
+  .uniqueArray(fc.stringMatching(/^[a-z0-9_-]{1,12}$/), { minLength: 0, maxLength: 6 })
+  .chain((names) =>
+    fc.tuple(
+      ...names.map((name) =>
+        text.map((content) => ({ type: "file" as const, path: `/etc/${name}`, content })),
+      ),
+    ),
+  );
 const header = fc.record({
   node: fc.stringMatching(/^[a-z][a-z0-9-]{0,20}[a-z0-9]$/),
   epoch: fc.integer({ min: 0, max: 2 ** 40 }),
@@ -96,6 +107,87 @@ describe("declarationEncoder", () => {
       );
     }
     assert.throws(() => declarationEncoder(items, "sha256:nope")(good), ContractError);
+  });
+
+  test("with items checked once for a roll-out, gives each composition exactly the bytes encodeMessage gives", () => {
+    fc.assert(
+      fc.property(
+        plannedFiles,
+        fc.array(fc.array(fc.nat(), { maxLength: 6 }), { minLength: 1, maxLength: 6 }),
+        header,
+        (drawn, picks, one) => {
+          // Compositions made of the pool's item objects, shared between them as a roll-out's units' items are; each
+          // item as compose makes it (through the item's schema).
+          const pool = itemsOfContents({ files: drawn });
+          const checked: CheckedItems = new WeakMap();
+          for (const pick of picks) {
+            const items = [...new Set(pick.map((index) => pool[index % Math.max(pool.length, 1)]))].filter(
+              (item): item is DeclaredItem => item !== undefined,
+            );
+            const digest = itemsDigest(items);
+            const expected = encodeMessage({ kind: "declaration", ...one, items: [...items], digest });
+            const encode = declarationEncoder(items, digest, checked);
+            assert.deepEqual(Buffer.from(encode(one)), Buffer.from(expected), "byte for byte");
+            assert.equal(encode.itemsText, JSON.stringify(items));
+            for (const item of items) assert.equal(checked.get(item), JSON.stringify(item));
+          }
+        },
+      ),
+      { numRuns: 300 },
+    );
+  });
+
+  test("with items checked once for a roll-out, refuses what a whole check refuses, in its words", () => {
+    const good = { node: "web-1", epoch: 3, sequence: 7, issued_at: "2026-11-30T12:00:00.000Z" };
+    const checked: CheckedItems = new WeakMap();
+    const [shared] = itemsOfContents({ files: [{ type: "file", path: "/etc/a", content: "a\n" }] });
+    if (shared === undefined) throw new Error("no item was made");
+    const refusals: Array<[string, DeclaredItem[], RegExp]> = [
+      ["two items under one id", [shared, file("/etc/a", "b\n")], /repeats an earlier item's id/],
+      [
+        "an id that is not the item's",
+        [shared, { ...file("/etc/b", "b\n"), id: "file:/etc/c" }],
+        /expected "file:\/etc\/b"/,
+      ],
+      ["a relative path", [shared, file("etc/b", "b\n")], /declaration\.items\[1\]\.path/],
+    ];
+    for (const [what, items, words] of refusals) {
+      const digest = itemsDigest(items);
+      const whole = () => declarationEncoder(items, digest)(good);
+      const inParts = () => declarationEncoder(items, digest, checked)(good);
+      assert.throws(
+        whole,
+        (error: unknown) => error instanceof ContractError && words.test(error.message),
+        what,
+      );
+      const told = (() => {
+        try {
+          whole();
+        } catch (error) {
+          return (error as Error).message;
+        }
+        return "";
+      })();
+      assert.throws(
+        inParts,
+        (error: unknown) => error instanceof ContractError && error.message === told,
+        what,
+      );
+    }
+    assert.equal(checked.get(shared), JSON.stringify(shared), "the item that passed is kept as checked");
+    assert.throws(() => declarationEncoder([shared], "sha256:nope", checked)(good), ContractError);
+    assert.throws(
+      () => declarationEncoder([shared], itemsDigest([shared]), checked)({ ...good, sequence: 0 }),
+      ContractError,
+    );
+    // Keys in another order than the schema's: the whole check, which writes them in its order, decides the bytes.
+    const reordered = { content: "c\n", path: "/etc/c", id: "file:/etc/c", type: "file" } as DeclaredItem;
+    const digest = itemsDigest([reordered]);
+    assert.deepEqual(
+      Buffer.from(declarationEncoder([reordered], digest, checked)(good)),
+      Buffer.from(encodeMessage({ kind: "declaration", ...good, items: [reordered], digest })),
+    );
+    assert.equal(checked.get(reordered), undefined, "an item its check would change is not kept as checked");
   });
 
   test("refuses a declaration past the size every message keeps to", () => {
