@@ -102,8 +102,27 @@ export function matcher(plan: Plan, fleet: readonly FleetNode[]): (unit: PlanUni
         .sort(byName);
     }
     const matched = firsts.map(fits);
-    return inOrder.filter((_, index) => matched[groupOf[index] ?? -1] === true);
+    const found: FleetNode[] = [];
+    for (let index = 0; index < inOrder.length; index++) {
+      const node = inOrder[index];
+      if (node !== undefined && matched[groupOf[index] ?? -1] === true) found.push(node);
+    }
+    return found;
   };
+}
+
+/** Where `name` is in `names` (in name order, as `byName` orders them), or -1. */
+function placeOf(names: readonly string[], name: string): number {
+  let low = 0;
+  let high = names.length - 1;
+  while (low <= high) {
+    const middle = (low + high) >>> 1;
+    const found = names[middle] ?? "";
+    if (found === name) return middle;
+    if (found < name) low = middle + 1;
+    else high = middle - 1;
+  }
+  return -1;
 }
 
 /** By name, as a string sort orders names: nodes, units. */
@@ -157,7 +176,9 @@ export function rankOrder(
   scores: Uint32Array,
   among?: readonly number[],
 ): () => number {
-  const heap = Int32Array.from(among ?? names.keys());
+  // Filled by a loop: `Int32Array.from` over an iterator of 10,000 places cost as much as ranking them.
+  const heap = new Int32Array(among?.length ?? names.length);
+  for (let at = 0; at < heap.length; at++) heap[at] = among === undefined ? at : (among[at] ?? 0);
   let size = heap.length;
   const before = (a: number, b: number) => {
     const scoreA = scores[a] ?? 0;
@@ -271,8 +292,12 @@ export function allot(
     const holders = held.get(entry.unit.name);
     if (holders === undefined) continue;
     const { names, scores } = entry.candidates;
+    // Each holder found among the candidates (in name order) by halving: a unit is held by a few of thousands.
     const holding: number[] = [];
-    for (let at = 0; at < names.length; at++) if (holders.has(names[at] ?? "")) holding.push(at);
+    for (const holder of holders) {
+      const at = placeOf(names, holder);
+      if (at >= 0) holding.push(at);
+    }
     const next = rankOrder(names, scores, holding);
     for (let at = next(); at >= 0 && entry.chosen.length < entry.count; at = next())
       take(entry, names[at] ?? "");

@@ -4,7 +4,7 @@
  */
 import type { DeclaredItem, Plan } from "../link/index.js";
 import { MeshError } from "../errors.js";
-import { itemsDigest, itemsOfContents } from "../link/index.js";
+import { itemsOfContents, itemsTextDigest } from "../link/index.js";
 import type { Allotment } from "./allot.js";
 
 /** Two units that would put different items under one id on one node: the plan cannot be applied. */
@@ -55,6 +55,7 @@ export function composeFleet(
     Omit<Composition, "conflicts"> & { conflicts: Omit<ItemConflict, "node">[] }
   >();
   const compositions = new Map<string, Composition>();
+  const clean = new Map<string, Composition>();
   for (const node of nodes) {
     const units = unitsOf.get(node) ?? [];
     const key = units.join("\n");
@@ -69,16 +70,29 @@ export function composeFleet(
           else if (earlier.text !== text) conflicts.push({ id: item.id, units: [earlier.unit, unit] });
         }
       }
-      const items = [...byId.values()].map(({ item }) => item);
-      composed = { units, items, digest: itemsDigest(items), conflicts };
+      const kept = [...byId.values()];
+      const items = kept.map(({ item }) => item);
+      // Each item's text is its JSON: the items' JSON is theirs end to end, and `itemsDigest` digests that.
+      composed = {
+        units,
+        items,
+        digest: itemsTextDigest(`[${kept.map(({ text }) => text).join(",")}]`),
+        conflicts,
+      };
       shared.set(key, composed);
     }
-    compositions.set(node, {
-      units: composed.units,
-      items: composed.items,
-      digest: composed.digest,
-      conflicts: composed.conflicts.map((conflict) => ({ node, ...conflict })),
-    });
+    // Nodes whose composition holds no conflict share one object for it (nothing changes a composition once made).
+    let made = composed.conflicts.length === 0 ? clean.get(key) : undefined;
+    if (made === undefined) {
+      made = {
+        units: composed.units,
+        items: composed.items,
+        digest: composed.digest,
+        conflicts: composed.conflicts.map((conflict) => ({ node, ...conflict })),
+      };
+      if (composed.conflicts.length === 0) clean.set(key, made);
+    }
+    compositions.set(node, made);
   }
   return compositions;
 }

@@ -111,7 +111,7 @@ export type {
   ReportJudgement,
   ReportOrder,
 } from "./ordering.js";
-export { emptyDigest, itemsDigest } from "./digest.js";
+export { emptyDigest, itemsDigest, itemsTextDigest } from "./digest.js";
 export { checkContents } from "./declaration-file.js";
 export {
   declaredItemSchema,
