@@ -424,10 +424,16 @@ test("allot — places exactly as its rules say, node by node, with holders and 
       const away = new Map(
         fleet.filter((_, index) => index % every === 0).map((one) => [one.name, 7_200_000]),
       );
+      // Holders the unit now places elsewhere, and holders that are no candidate: a node it no longer matches, or
+      // no node of the fleet at all.
       const held = new Map(
         [...allot(thePlan, fleet).placed].map(([unit, nodes]) => [
           unit,
-          new Set(nodes.filter((_, index) => index % every !== 1)),
+          new Set([
+            ...nodes.filter((_, index) => index % every !== 1),
+            ...fleet.filter((_, index) => index % every === 2).map((one) => one.name),
+            "no-such-node",
+          ]),
         ]),
       );
       assert.deepEqual(
