@@ -9,7 +9,7 @@ import { describe, test } from "node:test";
 import type { SentDeclaration } from "../../src/control/declarations.js";
 import { readFleet } from "../../src/control/plans.js";
 import { SentMemory } from "../../src/control/sent-memory.js";
-import type { NewDeclaration, Store } from "../../src/store/index.js";
+import type { LatestSent, NewDeclaration, Store } from "../../src/store/index.js";
 import { enrolled, freshStoreForSuite, keptParts, storeBackends } from "../support/stores.js";
 
 const nodes = ["m-1", "m-2", "m-3", "m-4"];
@@ -39,8 +39,14 @@ for (const backend of storeBackends) {
       return kept.map(({ node, sequence }) => ({ node, sequence, epoch, digest }));
     }
 
-    /** The store's reads of every node's latest declaration, counted. */
-    function counted(): { store: Store; reads: () => number } {
+    /**
+     * What `memory` reads under `epoch`, checked to be what the store itself holds, and how many times it read every
+     * node's latest declaration from the store to answer.
+     */
+    async function readOf(
+      memory: SentMemory,
+      epoch: number,
+    ): Promise<{ read: Map<string, LatestSent>; reads: number }> {
       let reads = 0;
       const declarations = new Proxy(store.declarations, {
         get(target, property, receiver) {
@@ -52,11 +58,11 @@ for (const backend of storeBackends) {
           };
         },
       });
-      return { store: Object.assign(Object.create(store) as Store, { declarations }), reads: () => reads };
-    }
-
-    async function sequences(): Promise<ReadonlyMap<string, number>> {
-      return (await readFleet(store, new Date(), 60_000)).declarationSequences ?? new Map();
+      const counting = Object.assign(Object.create(store) as Store, { declarations });
+      const sequences = (await readFleet(store, new Date(), 60_000)).declarationSequences ?? new Map();
+      const read = await memory.read(counting, epoch, sequences);
+      assert.deepEqual(read, await store.declarations.latestSent(), "what the store holds");
+      return { read, reads };
     }
 
     const units = (sent: readonly SentDeclaration[], digest: string) =>
@@ -65,68 +71,48 @@ for (const backend of storeBackends) {
     test("reads what the store holds, remembers a roll-out's sending, and goes back to the store only for what moved", async () => {
       for (const node of nodes) await enrolled(store, node, new Date());
       const memory = new SentMemory();
-      const first = counted();
-      assert.deepEqual(
-        await memory.read(first.store, 7, await sequences()),
-        new Map(),
-        "nothing was sent yet",
-      );
-      assert.equal(first.reads(), 0, "a fleet never declared to is not read");
+      assert.equal((await readOf(memory, 7)).reads, 0, "a fleet never declared to is not read");
 
       const sent = await declare(nodes, 7, "a");
       memory.remember(7, sent, units(sent, "a"));
-      const second = counted();
-      assert.deepEqual(
-        await memory.read(second.store, 7, await sequences()),
-        await store.declarations.latestSent(),
-      );
-      assert.equal(second.reads(), 0, "what the roll-out sent is remembered");
+      assert.equal((await readOf(memory, 7)).reads, 0, "what the roll-out sent is remembered");
 
       // Another writer declares to m-2; a failed roll-out allocates m-3 a sequence and records nothing.
       await declare(["m-2"], 7, "b");
       await store.nodes.nextDeclarationSequences(["m-3"]);
-      const third = counted();
-      const read = await memory.read(third.store, 7, await sequences());
-      assert.deepEqual(read, await store.declarations.latestSent());
+      const { read, reads } = await readOf(memory, 7);
       assert.equal(read.get("m-2")?.digest, "b", "the other writer's declaration is read");
       assert.equal(
         read.get("m-3")?.digest,
         "a",
         "the node whose declaration was not recorded keeps its last",
       );
-      assert.equal(third.reads(), 1, "the nodes that moved are read, once");
-
-      const fourth = counted();
-      assert.deepEqual(
-        await memory.read(fourth.store, 7, await sequences()),
-        await store.declarations.latestSent(),
+      assert.equal(reads, 1, "the nodes that moved are read, once");
+      assert.equal(
+        (await readOf(memory, 7)).reads,
+        1,
+        "m-3's sequence still names nothing recorded: it is read again",
       );
-      assert.equal(fourth.reads(), 1, "m-3's sequence still names nothing recorded: it is read again");
     });
 
     test("another epoch forgets everything, and a sending remembered under an epoch not read is not kept", async () => {
       const memory = new SentMemory();
-      await memory.read(store, 8, await sequences());
+      await readOf(memory, 8);
       const sent = await declare(nodes, 8, "c");
       memory.remember(8, sent, units(sent, "c"));
-      const next = counted();
-      assert.deepEqual(
-        await memory.read(next.store, 9, await sequences()),
-        await store.declarations.latestSent(),
-      );
-      assert.equal(next.reads(), 1, "a new epoch reads the store");
-      assert.equal((await memory.read(next.store, 9, await sequences())).get("m-1")?.digest, "c");
+      const next = await readOf(memory, 9);
+      assert.equal(next.reads, 1, "a new epoch reads the store");
+      assert.equal(next.read.get("m-1")?.digest, "c");
 
       const stale = await declare(["m-1"], 8, "d");
       memory.remember(8, stale, units(stale, "d"));
-      const after = counted();
-      const read = await memory.read(after.store, 9, await sequences());
+      const after = await readOf(memory, 9);
       assert.equal(
-        read.get("m-1")?.digest,
+        after.read.get("m-1")?.digest,
         "d",
         "read from the store, not taken from the earlier epoch's sending",
       );
-      assert.equal(after.reads(), 1);
+      assert.equal(after.reads, 1);
     });
   });
 }
