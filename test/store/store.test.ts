@@ -167,7 +167,7 @@ for (const backend of storeBackends) {
       );
       assert.deepEqual(
         fleet.find((node) => node.name === "db-1"),
-        { name: "db-1", profile: '{"cpu":2}', overlayKey: "ovl", lastSeen: at(30) },
+        { name: "db-1", profile: '{"cpu":2}', overlayKey: "ovl", lastSeen: at(30), declarationSequence: 0 },
       );
       await assert.rejects(
         store.nodes.enrol("nobody", {
