@@ -4,6 +4,7 @@
  */
 import http from "node:http";
 import https from "node:https";
+import { setTimeout as delay } from "node:timers/promises";
 import { z } from "zod";
 import { BusError } from "../errors.js";
 import { controlQueue, escapeRegex } from "../../link/index.js";
@@ -37,6 +38,10 @@ const bulkDeleteMax = 500;
  */
 const vhostDeleteTimeoutMs = 120_000;
 
+/** How many times a call the broker failed inside (5xx) is made again, and the first pause; each pause is 4× the last. */
+const serverErrorRetries = 3;
+const serverErrorPauseDefaultMs = 150;
+
 export class RabbitManagement {
   private readonly base: URL;
   private readonly agent: http.Agent;
@@ -48,6 +53,8 @@ export class RabbitManagement {
     apiUrl: string,
     /** Users deleted per bulk-delete call (the default suits every fleet; tests make it small). */
     private readonly usersPerDelete = bulkDeleteMax,
+    /** The first pause before a call that failed inside the broker is made again (tests make it short). */
+    private readonly serverErrorPauseMs = serverErrorPauseDefaultMs,
   ) {
     let url: URL;
     try {
@@ -234,7 +241,12 @@ export class RabbitManagement {
     this.agent.destroy();
   }
 
-  /** One call; a status outside 2xx is an error unless `answers` lists it as an answer for the caller to read. */
+  /**
+   * One call; a status outside 2xx is an error unless `answers` lists it as an answer for the caller to read. An
+   * answer of 5xx is the broker failing inside the call, not refusing it (a listing of users crashed with an empty
+   * 500 while other clients created and deleted users): the call is made again after a pause, up to
+   * `serverErrorRetries` times, and the last answer is the error. Every call here may be made twice.
+   */
   private async request(
     method: string,
     path: string,
@@ -242,14 +254,30 @@ export class RabbitManagement {
     answers: readonly number[] = [],
     timeoutMs = callTimeoutMs,
   ): Promise<Answer> {
-    let response: Answer;
+    const text = body === undefined ? undefined : JSON.stringify(body);
+    let response = await this.attempt(method, path, text, timeoutMs);
+    for (let retry = 0; response.status >= 500 && retry < serverErrorRetries; retry += 1) {
+      await delay(this.serverErrorPauseMs * 4 ** retry);
+      response = await this.attempt(method, path, text, timeoutMs);
+    }
+    if (response.ok || answers.includes(response.status)) return response;
+    const tried = response.status >= 500 ? ` (${serverErrorRetries + 1} tries)` : "";
+    throw new BusError(
+      response.status === 401 ? "broker_refused_identity" : "broker",
+      `the RabbitMQ management API refused ${method} ${path.split("?")[0]}: ${response.status}${tried} ` +
+        response.text.slice(0, 300),
+    );
+  }
+
+  /** One try of a call: its answer, whatever the status; no answer at all is the API being unreachable. */
+  private async attempt(
+    method: string,
+    path: string,
+    body: string | undefined,
+    timeoutMs: number,
+  ): Promise<Answer> {
     try {
-      response = await this.send(
-        method,
-        path,
-        body === undefined ? undefined : JSON.stringify(body),
-        timeoutMs,
-      );
+      return await this.send(method, path, body, timeoutMs);
     } catch (error) {
       throw new BusError(
         "broker_unreachable",
@@ -259,12 +287,6 @@ export class RabbitManagement {
         { cause: error },
       );
     }
-    if (response.ok || answers.includes(response.status)) return response;
-    const text = response.text.slice(0, 300);
-    throw new BusError(
-      response.status === 401 ? "broker_refused_identity" : "broker",
-      `the RabbitMQ management API refused ${method} ${path.split("?")[0]}: ${response.status} ${text}`,
-    );
   }
 
   /**

@@ -1,0 +1,106 @@
+/**
+ * The management API failing inside a call (5xx): the call is made again and the broker's real answer is read; a
+ * broker that keeps failing is an error naming the status and the tries; a refusal (4xx) is never made again. The
+ * broker is the machine's RabbitMQ; a proxy in front of its API answers an empty 500 (what a crashed handler
+ * answers) for as many calls as a test asks, and forwards the rest.
+ */
+import assert from "node:assert/strict";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { after, before, describe, test } from "node:test";
+import { BusError } from "../../src/bus/index.js";
+import { RabbitManagement } from "../../src/bus/amqp/management.js";
+import { rabbitApiUrl } from "../support/rabbit.js";
+
+describe("RabbitMQ management calls the broker failed inside", () => {
+  const upstream = new URL(rabbitApiUrl);
+  let server: http.Server;
+  let failNext = 0;
+  const seen: string[] = [];
+  let viaProxy: string;
+
+  before(async () => {
+    server = http.createServer((request, response) => {
+      seen.push(`${request.method} ${request.url?.split("?")[0]}`);
+      if (failNext > 0) {
+        failNext -= 1;
+        request.resume();
+        response.writeHead(500, { "content-length": 0 }).end();
+        return;
+      }
+      const forwarded = http.request(
+        {
+          host: upstream.hostname,
+          port: upstream.port,
+          method: request.method,
+          path: request.url,
+          headers: request.headers,
+        },
+        (answer) => {
+          response.writeHead(answer.statusCode ?? 502, answer.headers);
+          answer.pipe(response);
+        },
+      );
+      forwarded.on("error", (error) => response.destroy(error));
+      request.pipe(forwarded);
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const port = (server.address() as AddressInfo).port;
+    const url = new URL(rabbitApiUrl);
+    url.host = `127.0.0.1:${port}`;
+    viaProxy = url.toString();
+  });
+  after(async () => {
+    server.closeAllConnections();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+
+  test("management — a call the broker failed inside is made again, and the broker's answer is read", async () => {
+    const api = new RabbitManagement(viaProxy, undefined, 5);
+    try {
+      seen.length = 0;
+      failNext = 2;
+      const users = await api.users();
+      assert.ok(
+        users.includes(decodeURIComponent(upstream.username)),
+        "the real listing names the administrator",
+      );
+      assert.deepEqual(seen, ["GET /api/users", "GET /api/users", "GET /api/users"]);
+    } finally {
+      api.close();
+    }
+  });
+
+  test("management — a broker that keeps failing is an error naming the status and the tries", async () => {
+    const api = new RabbitManagement(viaProxy, undefined, 5);
+    try {
+      seen.length = 0;
+      failNext = 100;
+      await assert.rejects(api.users(), (error: unknown) => {
+        assert.ok(error instanceof BusError);
+        assert.equal(error.code, "broker");
+        assert.match(error.message, /refused GET \/users: 500 \(4 tries\)/);
+        return true;
+      });
+      assert.equal(seen.length, 4);
+    } finally {
+      failNext = 0;
+      api.close();
+    }
+  });
+
+  test("management — a refusal is not made again", async () => {
+    const api = new RabbitManagement(viaProxy, undefined, 5);
+    try {
+      seen.length = 0;
+      await assert.rejects(api.putQueue(`mesh_no_such_vhost_${process.pid}`, "q"), (error: unknown) => {
+        assert.ok(error instanceof BusError);
+        assert.match(error.message, /refused PUT \/queues\/.*: 404 .*vhost_not_found/);
+        return true;
+      });
+      assert.equal(seen.length, 1);
+    } finally {
+      api.close();
+    }
+  });
+});
