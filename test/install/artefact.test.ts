@@ -85,6 +85,12 @@ describe("the package (npm run package)", () => {
       { version: manifest.version, type: manifest.type },
       { version: made.version, type: "module" },
     );
+    // Each bundle in ASCII only (scripts/bundle.mjs): read at every start, it is then a string of one byte a character.
+    for (const bundle of ["dist/bundle/mesh.cjs", "dist/bundle/mesh-host.cjs"]) {
+      const bytes = readFileSync(join(made.dir, bundle));
+      const outside = bytes.findIndex((byte) => byte > 0x7f);
+      assert.equal(outside, -1, `${bundle} holds a byte outside ASCII at ${outside}`);
+    }
     // Only what is loaded: no C++ sources, no build leftovers, no install-time tools.
     assert.ok(!existsSync(join(made.dir, "node_modules/better-sqlite3/src")));
     assert.ok(!existsSync(join(made.dir, "node_modules/better-sqlite3/build/Release/obj")));
