@@ -29,7 +29,7 @@ import { build } from "esbuild";
  * escaped: the build stops there instead.
  */
 function asAscii(text, name) {
-  return text.replace(/[^\x00-\x7f]/g, (unit, at) => {
+  return text.replace(/[\u0080-\uffff]/g, (unit, at) => {
     if (text[at - 1] === "\\") {
       throw new Error(
         `${name}: a character outside ASCII behind a backslash at ${at}: ${text.slice(at - 40, at + 10)}`,
