@@ -408,6 +408,9 @@ const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0015_no_declarations_by_digest", noDeclarationsByDigest],
 ];
 
+/** The names of the migrations, oldest first: a store migrated by this code has recorded exactly these. */
+export const knownMigrations: readonly string[] = numbered.map(([name]) => name);
+
 export function migrationProvider(dialect: Dialect): MigrationProvider {
   return {
     getMigrations() {
