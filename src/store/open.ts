@@ -240,7 +240,7 @@ async function migrate(db: Kysely<Database>, location: StoreLocation): Promise<v
 }
 
 /**
- * Whether the store holds every migration this code knows and no other, as the migrator's own table records them: a
+ * Whether the store has recorded exactly the migrations this code knows, as the migrator's own table lists them: a
  * command then opens the store with two reads. The migrator itself makes its tables if they are missing, reads them,
  * and sorts the names with `localeCompare`, whose first call loads the locale's collation: 14 ms of each command's
  * start here. Anything else (a new store, one to bring up to date, one a newer version wrote) goes to the migrator,
@@ -259,10 +259,8 @@ async function migrated(db: Kysely<Database>, location: StoreLocation): Promise<
       : await sql<{ found: number }>`select count(*)::int as found
           where to_regclass(${name}) is not null`.execute(db);
   if (Number(tables[0]?.found ?? 0) !== 1) return false;
-  const { rows } = await sql<{ applied: number | string; newest: string | null }>`select count(*) as applied,
-    max(name) as newest from ${sql.table(name)}`.execute(db);
-  const [row] = rows;
-  return Number(row?.applied) === knownMigrations.length && row?.newest === knownMigrations.at(-1);
+  const { rows } = await sql<{ name: string }>`select name from ${sql.table(name)} order by name`.execute(db);
+  return rows.length === knownMigrations.length && rows.every((row, i) => row.name === knownMigrations[i]);
 }
 
 /**

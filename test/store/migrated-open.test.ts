@@ -1,7 +1,8 @@
 /**
- * Opening a store takes the migrator's own record as it stands when it names every migration this code knows and no
- * other. A store recorded as migrated further than this code knows, or missing a migration it knows, goes to the
- * migrator, which refuses the first, naming the migration, and brings the second up to date.
+ * Opening a store takes the migrator's own record as it stands when it names exactly the migrations this code knows:
+ * the migrator is not run. A store recorded as migrated further than this code knows, or with a migration it does not
+ * know in place of one it does, or missing a migration it knows, goes to the migrator, which refuses the first two,
+ * naming the migration, and brings the third up to date.
  */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
@@ -43,6 +44,63 @@ for (const backend of storeBackends) {
         await assert.rejects(openStore(location.url, options), (error: unknown) => {
           assert.ok(error instanceof StoreError, String(error));
           assert.match(error.message, /9999_from_a_newer_version/);
+          return true;
+        });
+      } finally {
+        await location.cleanup();
+      }
+    });
+
+    test("migrations — a store that has recorded every migration this code knows opens without the migrator", async () => {
+      const location = await backend.fresh();
+      try {
+        await (await openStore(location.url, options)).close();
+        // The migrator makes its lock table whenever it runs: gone, it stays gone if the migrator is not run.
+        const lockTable = async (db: Kysely<unknown>) =>
+          (await db.introspection.getTables({ withInternalKyselyTables: true })).some(
+            (table) => table.name === "kysely_migration_lock",
+          );
+        const db = otherConnection(backend.name, location.url);
+        try {
+          assert.ok(await lockTable(db), "the first open ran the migrator, which made its lock table");
+          await db.schema.dropTable("kysely_migration_lock").execute();
+        } finally {
+          await db.destroy();
+        }
+        const reopened = await openStore(location.url, options);
+        try {
+          assert.deepEqual(await reopened.nodes.list(), []);
+        } finally {
+          await reopened.close();
+        }
+        const check = otherConnection(backend.name, location.url);
+        try {
+          assert.ok(!(await lockTable(check)), "the migrator did not run");
+        } finally {
+          await check.destroy();
+        }
+      } finally {
+        await location.cleanup();
+      }
+    });
+
+    test("migrations — a store that recorded as many migrations, one of them unknown here, is refused, naming it", async () => {
+      const location = await backend.fresh();
+      try {
+        await (await openStore(location.url, options)).close();
+        const db = otherConnection(backend.name, location.url);
+        try {
+          await db
+            .updateTable("kysely_migration" as never)
+            .set({ name: "0007_from_another_branch" } as never)
+            .where("name" as never, "=", knownMigrations[6] as never)
+            .execute();
+        } finally {
+          await db.destroy();
+        }
+        await assert.rejects(openStore(location.url, options), (error: unknown) => {
+          assert.ok(error instanceof StoreError, String(error));
+          assert.match(error.message, /0007_from_another_branch/);
           return true;
         });
       } finally {
