@@ -300,9 +300,12 @@ describe("plans (nats)", () => {
       (e) => e.kind === "declaration.sent",
     );
     assert.equal(sentAfter.length, sentBefore.length, "no declaration was sent by the new epoch");
-    assert.match(
-      fleet.up.stderr(),
-      new RegExp(`"event":"plan\\.rolled_out","revision":${after.revision},"epoch":${after.epoch},"sent":0`),
+    // Logged once the roll-out has returned, after it marked the revision sent: waited for, not read at once.
+    const rolledOut = new RegExp(
+      `"event":"plan\\.rolled_out","revision":${after.revision},"epoch":${after.epoch},"sent":0`,
+    );
+    await eventually("the new control plane to log its roll-out, sending nothing", () =>
+      rolledOut.test(fleet.up.stderr()) ? true : undefined,
     );
   });
 
