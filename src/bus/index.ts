@@ -26,6 +26,7 @@ import { AmqpEnrolmentBus, AmqpNodeBus } from "./amqp/node-bus.js";
 import type { EmbeddedServer } from "./nats/identities.js";
 import { NatsBrokerIdentities, serverConfigFragment } from "./nats/identities.js";
 import { NatsEnrolmentBus, NatsNodeBus } from "./nats/node-bus.js";
+import { BrokerRefusedIdentity, BusError } from "./errors.js";
 
 export type * from "./bus.js";
 export { BrokerRefusedIdentity, BusError, NobodyAnswers } from "./errors.js";
@@ -210,13 +211,58 @@ export async function openEnrolmentSide(
   credential: TokenCredential,
   secret: string,
 ): Promise<EnrolmentBus> {
-  if (credential.type === "amqp") {
-    return AmqpEnrolmentBus.open(parseAmqpUrl(url), node, {
-      username: credential.username,
-      password: secret,
-    });
+  const open = (): Promise<EnrolmentBus> =>
+    credential.type === "amqp"
+      ? AmqpEnrolmentBus.open(parseAmqpUrl(url), node, { username: credential.username, password: secret })
+      : NatsEnrolmentBus.open(url, node, { jwt: credential.jwt, seed: credential.seed });
+  return new EnrolmentSide(await open(), open);
+}
+
+/** The ways an ask ends when the connection is lost under it (not a refusal, a timeout or nobody answering). */
+const droppedCodes: ReadonlySet<string> = new Set(["broker", "broker_unreachable"]);
+
+/**
+ * A token's identity ends when the token is spent and its grace is over: the broker then closes every connection
+ * it has, and one may be a joiner using the spent token again, asking. To the joiner that is the broker refusing
+ * the token, not a broker failure. Neither broker says so in a form of its own (NATS sends a protocol error's text,
+ * RabbitMQ closes the connection as it would at a shutdown), so when the connection is lost under a question the
+ * broker is asked directly: a new connection with the same identity, refused, is the refusal; taken, the loss
+ * was something else and is told as it was.
+ */
+class EnrolmentSide implements EnrolmentBus {
+  constructor(
+    private readonly bus: EnrolmentBus,
+    private readonly reopen: () => Promise<EnrolmentBus>,
+  ) {}
+
+  async ask(body: Uint8Array, timeoutMs: number): Promise<Uint8Array> {
+    try {
+      return await this.bus.ask(body, timeoutMs);
+    } catch (error) {
+      if (!(error instanceof BusError) || !droppedCodes.has(error.code)) throw error;
+      let again: EnrolmentBus;
+      try {
+        again = await this.reopen();
+      } catch (refusal) {
+        if (refusal instanceof BrokerRefusedIdentity) {
+          throw new BrokerRefusedIdentity(
+            `${refusal.message} (it ended this identity while the join waited)`,
+            {
+              cause: error,
+            },
+          );
+        }
+        // The broker is not taking connections at all now: the loss is told, which that explains as well.
+        throw error;
+      }
+      await again.close();
+      throw error;
+    }
   }
-  return NatsEnrolmentBus.open(url, node, { jwt: credential.jwt, seed: credential.seed });
+
+  close(): Promise<void> {
+    return this.bus.close();
+  }
 }
 
 export type { EmbeddedServer } from "./nats/identities.js";

@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { after, afterEach, before, describe, test } from "node:test";
 import amqp from "amqplib";
 import type { ControlDelivery, ControlSide, NodeDelivery } from "../../src/bus/index.js";
-import { freePort, openEnrolmentSide } from "../../src/bus/index.js";
+import { BrokerRefusedIdentity, BusError, freePort, openEnrolmentSide } from "../../src/bus/index.js";
 import { compileMeshOptions } from "../../src/config/options.js";
 import type { RunningControlPlane } from "../../src/control/serve.js";
 import { serve } from "../../src/control/serve.js";
@@ -150,6 +150,75 @@ for (const { name, open: openTransport } of transports) {
       assert.equal(asked.length, 1);
       assert.equal(asked[0]?.node, "edge-2", "the node is the token's, as the broker says");
       assert.ok(sameBytes(asked[0]?.body ?? new Uint8Array(), question), "the question arrives unchanged");
+      await side.close();
+    });
+
+    test(`conformance (${name}) — a token whose identity ends while its enrolment waits for the answer is refused by the broker, not failed`, async () => {
+      // A spent token used again within its grace: the joiner is connected, asking, when the grace ends and the
+      // control plane ends the token's identity. The broker then closes the joiner's connection, and that is the
+      // broker refusing the token, as it would refuse a new connection with it.
+      const side = await openControl();
+      let asked!: () => void;
+      const questionArrived = new Promise<void>((resolve) => (asked = resolve));
+      let answer!: () => void;
+      const answered = new Promise<void>((resolve) => (answer = resolve));
+      await side.bus.answerEnrolments(async () => {
+        asked();
+        await answered;
+        return { reply: payload("too late") };
+      });
+      collect(side);
+      const token = await transport.tokenFor("edge-6");
+      const enrolment = await openEnrolmentSide(transport.nodeUrl, "edge-6", token.credential, token.secret);
+      const outcome = enrolment.ask(payload("enrol"), 60_000).then(
+        () => "answered",
+        (error: unknown) => error,
+      );
+      await questionArrived;
+      await transport.endToken(token.user);
+      const error = await outcome;
+      answer();
+      await enrolment.close();
+      assert.ok(error instanceof BrokerRefusedIdentity, `refused by the broker, not: ${String(error)}`);
+      // Its identity is gone for good: a new connection with it is refused as well.
+      await assert.rejects(
+        openEnrolmentSide(transport.nodeUrl, "edge-6", token.credential, token.secret),
+        BrokerRefusedIdentity,
+      );
+      await side.close();
+    });
+
+    test(`conformance (${name}) — a join whose connection is lost under its question, its token still good, is told the loss at once, not a refusal`, async () => {
+      const side = await openControl();
+      let asked!: () => void;
+      const questionArrived = new Promise<void>((resolve) => (asked = resolve));
+      let answer!: () => void;
+      const answered = new Promise<void>((resolve) => (answer = resolve));
+      await side.bus.answerEnrolments(async () => {
+        asked();
+        await answered;
+        return { reply: payload("too late") };
+      });
+      collect(side);
+      // RabbitMQ's connections are cut through its listing, which waits to list a node's as well.
+      await openNode("edge-7");
+      const token = await transport.tokenFor("edge-8");
+      const enrolment = await openEnrolmentSide(transport.nodeUrl, "edge-8", token.credential, token.secret);
+      const outcome = enrolment.ask(payload("enrol"), 60_000).then(
+        () => "answered",
+        (error: unknown) => error,
+      );
+      await questionArrived;
+      await transport.dropConnections();
+      const error = await outcome;
+      answer();
+      await enrolment.close();
+      assert.ok(error instanceof BusError, `a bus error, not: ${String(error)}`);
+      assert.ok(!(error instanceof BrokerRefusedIdentity), `not a refusal: ${String(error)}`);
+      // Told the loss, not a wait for the answer that ran out (the question may wait a minute).
+      assert.notEqual(error.code, "timeout", String(error));
+      // The token still opens a connection.
+      await (await openEnrolmentSide(transport.nodeUrl, "edge-8", token.credential, token.secret)).close();
       await side.close();
     });
 

@@ -51,7 +51,9 @@ export interface Transport {
   readonly nodeUrl: string;
   openControl(options?: { ackWaitMs?: number; log?: Logger }): Promise<ControlSide>;
   identities(): ControlIdentities;
-  tokenFor(node: string): Promise<{ credential: TokenCredential; secret: string }>;
+  tokenFor(node: string): Promise<{ user: string; credential: TokenCredential; secret: string }>;
+  /** Ends a token's broker identity as the control plane does once the token is spent and its grace is over. */
+  endToken(user: string): Promise<void>;
   nodeFor(node: string): Promise<{ credential: NodeCredential; seed?: string }>;
   openNode(node: string, identity: { credential: NodeCredential; seed?: string }): Promise<NodeBus>;
   /** The bytes of the newest `kind` message from `node` waiting for the control plane, read from the broker. */
@@ -86,7 +88,7 @@ async function within<T>(ms: number, wait: Promise<T>): Promise<T | undefined> {
 async function mintToken(
   identities: ControlIdentities,
   node: string,
-): Promise<{ credential: TokenCredential; secret: string }> {
+): Promise<{ user: string; credential: TokenCredential; secret: string }> {
   const secret = randomBytes(16).toString("base64url");
   const minted = await identities.forToken({
     id: `tok_${randomBytes(6).toString("hex")}`,
@@ -94,7 +96,7 @@ async function mintToken(
     secret,
     expiresAt: new Date(Date.now() + 3_600_000),
   });
-  return { credential: minted.credential, secret };
+  return { user: minted.user, credential: minted.credential, secret };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -177,6 +179,8 @@ export async function natsTransport(): Promise<Transport> {
       }),
     identities: () => identities,
     tokenFor: (node) => mintToken(identities, node),
+    // On NATS a token's identity ends by its user key in the account's revocations.
+    endToken: (user) => identities.revoke(new Map([[user, new Date()]])),
     async nodeFor(node) {
       const key = newUserKey();
       const minted = await identities.forNode(node, key.publicKey);
@@ -357,6 +361,7 @@ export async function amqpTransport(): Promise<Transport> {
       openControlSide(dataDir, access, options.log ?? quiet, { longLived: true }),
     identities: () => identities,
     tokenFor: (node) => mintToken(identities, node),
+    endToken: (user) => identities.endToken(user),
     async nodeFor(node) {
       const minted = await identities.forNode(node);
       if (minted.credential.type === "amqp") nodeUsers.set(node, minted.credential.username);

@@ -147,8 +147,14 @@ export class AmqpEnrolmentBus implements EnrolmentBus {
     });
     // Only ever awaited inside Promise.race; a refusal after the race is decided is already reported.
     refused.catch((error: unknown) => (refusal = error as Error));
+    // A connection the broker closes fails no channel operation under way: without this the join would wait out
+    // its whole timeout for an answer that can no longer come.
+    const lost = this.link.closed().then((ended): never => {
+      throw ended ?? new BusError("broker", `the connection to the broker at ${this.link.where} was closed`);
+    });
+    // Raced at once below (the race handles its settling later too, when the link is closed after the ask).
     try {
-      const control = await Promise.race([channel.checkQueue(controlQueue), refused]);
+      const control = await Promise.race([channel.checkQueue(controlQueue), refused, lost]);
       if (control.consumerCount === 0) {
         throw new NobodyAnswers(`no control plane is answering at ${this.link.where}`);
       }
@@ -185,7 +191,7 @@ export class AmqpEnrolmentBus implements EnrolmentBus {
         );
       });
       try {
-        return await Promise.race([answered, refused, timedOut]);
+        return await Promise.race([answered, refused, lost, timedOut]);
       } finally {
         clearTimeout(timer);
       }
