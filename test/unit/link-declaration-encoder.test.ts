@@ -175,11 +175,38 @@ describe("declarationEncoder", () => {
       );
     }
     assert.equal(checked.get(shared), JSON.stringify(shared), "the item that passed is kept as checked");
-    assert.throws(() => declarationEncoder([shared], "sha256:nope", checked)(good), ContractError);
-    assert.throws(
-      () => declarationEncoder([shared], itemsDigest([shared]), checked)({ ...good, sequence: 0 }),
-      ContractError,
+    // The first header and the digest of a composition, checked by hand in parts: refused in the whole check's words.
+    const sameRefusal = (inParts: () => unknown, whole: () => unknown, what: string) => {
+      let told = "";
+      assert.throws(
+        whole,
+        (error: unknown) => error instanceof ContractError && (told = error.message) !== "",
+      );
+      assert.throws(
+        inParts,
+        (error: unknown) => error instanceof ContractError && error.message === told,
+        what,
+      );
+    };
+    sameRefusal(
+      () => declarationEncoder([shared], "sha256:nope", checked)(good),
+      () => declarationEncoder([shared], "sha256:nope")(good),
+      "a digest that is not one",
     );
+    const sharedDigest = itemsDigest([shared]);
+    for (const [what, header] of [
+      ["sequence 0", { ...good, sequence: 0 }],
+      ["an epoch below 0", { ...good, epoch: -1 }],
+      ["a node name with capitals", { ...good, node: "Web-1" }],
+      ["a time without its zone", { ...good, issued_at: "2026-11-30T12:00:00" }],
+      ["a field more", { ...good, extra: 1 } as unknown as typeof good],
+    ] as const) {
+      sameRefusal(
+        () => declarationEncoder([shared], sharedDigest, checked)(header),
+        () => declarationEncoder([shared], sharedDigest)(header),
+        what,
+      );
+    }
     // Keys in another order than the schema's: the whole check, which writes them in its order, decides the bytes.
     const reordered = { content: "c\n", path: "/etc/c", id: "file:/etc/c", type: "file" } as DeclaredItem;
     const digest = itemsDigest([reordered]);
