@@ -153,10 +153,11 @@ for (const { name, open: openTransport } of transports) {
       await side.close();
     });
 
-    test(`conformance (${name}) — a token whose identity ends while its enrolment waits for the answer is refused by the broker, not failed`, async () => {
-      // A spent token used again within its grace: the joiner is connected, asking, when the grace ends and the
-      // control plane ends the token's identity. The broker then closes the joiner's connection, and that is the
-      // broker refusing the token, as it would refuse a new connection with it.
+    /**
+     * A join asking `node`'s enrol question of a control plane that takes it and answers only when told: the join is
+     * left waiting for its answer, its question known to have arrived.
+     */
+    const waitingJoin = async (node: string) => {
       const side = await openControl();
       let asked!: () => void;
       const questionArrived = new Promise<void>((resolve) => (asked = resolve));
@@ -168,58 +169,51 @@ for (const { name, open: openTransport } of transports) {
         return { reply: payload("too late") };
       });
       collect(side);
-      const token = await transport.tokenFor("edge-6");
-      const enrolment = await openEnrolmentSide(transport.nodeUrl, "edge-6", token.credential, token.secret);
+      const token = await transport.tokenFor(node);
+      const enrolment = await openEnrolmentSide(transport.nodeUrl, node, token.credential, token.secret);
       const outcome = enrolment.ask(payload("enrol"), 60_000).then(
         () => "answered",
         (error: unknown) => error,
       );
       await questionArrived;
+      /** What the join was told, once it was; the control plane's answer let go and everything closed. */
+      const told = async () => {
+        const error = await outcome;
+        answer();
+        await enrolment.close();
+        await side.close();
+        return error;
+      };
+      return { token, told };
+    };
+
+    test(`conformance (${name}) — a token whose identity ends while its enrolment waits for the answer is refused by the broker, not failed`, async () => {
+      // A spent token used again within its grace: the joiner is connected, asking, when the grace ends and the
+      // control plane ends the token's identity. The broker then closes the joiner's connection, and that is the
+      // broker refusing the token, as it would refuse a new connection with it.
+      const { token, told } = await waitingJoin("edge-6");
       await transport.endToken(token.user);
-      const error = await outcome;
-      answer();
-      await enrolment.close();
+      const error = await told();
       assert.ok(error instanceof BrokerRefusedIdentity, `refused by the broker, not: ${String(error)}`);
       // Its identity is gone for good: a new connection with it is refused as well.
       await assert.rejects(
         openEnrolmentSide(transport.nodeUrl, "edge-6", token.credential, token.secret),
         BrokerRefusedIdentity,
       );
-      await side.close();
     });
 
     test(`conformance (${name}) — a join whose connection is lost under its question, its token still good, is told the loss at once, not a refusal`, async () => {
-      const side = await openControl();
-      let asked!: () => void;
-      const questionArrived = new Promise<void>((resolve) => (asked = resolve));
-      let answer!: () => void;
-      const answered = new Promise<void>((resolve) => (answer = resolve));
-      await side.bus.answerEnrolments(async () => {
-        asked();
-        await answered;
-        return { reply: payload("too late") };
-      });
-      collect(side);
       // RabbitMQ's connections are cut through its listing, which waits to list a node's as well.
       await openNode("edge-7");
-      const token = await transport.tokenFor("edge-8");
-      const enrolment = await openEnrolmentSide(transport.nodeUrl, "edge-8", token.credential, token.secret);
-      const outcome = enrolment.ask(payload("enrol"), 60_000).then(
-        () => "answered",
-        (error: unknown) => error,
-      );
-      await questionArrived;
+      const { token, told } = await waitingJoin("edge-8");
       await transport.dropConnections();
-      const error = await outcome;
-      answer();
-      await enrolment.close();
+      const error = await told();
       assert.ok(error instanceof BusError, `a bus error, not: ${String(error)}`);
       assert.ok(!(error instanceof BrokerRefusedIdentity), `not a refusal: ${String(error)}`);
       // Told the loss, not a wait for the answer that ran out (the question may wait a minute).
       assert.notEqual(error.code, "timeout", String(error));
       // The token still opens a connection.
       await (await openEnrolmentSide(transport.nodeUrl, "edge-8", token.credential, token.secret)).close();
-      await side.close();
     });
 
     test(`conformance (${name}) — declarations and receipts reach the node's own queue unchanged`, async () => {
