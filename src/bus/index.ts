@@ -224,8 +224,8 @@ const droppedCodes: ReadonlySet<string> = new Set(["broker", "broker_unreachable
 /**
  * A token's identity ends when the token is spent and its grace is over: the broker then closes every connection
  * it has, and one may be a joiner using the spent token again, asking. To the joiner that is the broker refusing
- * the token, not a broker failure. Neither broker says so in a form of its own (NATS sends a protocol error's text,
- * RabbitMQ closes the connection as it would at a shutdown), so when the connection is lost under a question the
+ * the token, not a broker failure. Neither broker says so in a form of its own (NATS sends a protocol error's text
+ * only, RabbitMQ closes the connection without a refusal's code), so when the connection is lost under a question the
  * broker is asked directly: a new connection with the same identity, refused, is the refusal; taken, the loss
  * was something else and is told as it was.
  */
