@@ -17,12 +17,12 @@ const signatureBytes = 64;
 const signatureBase64Length = 88;
 
 /**
- * How many threads sign: the cores but the one the main thread runs on, at least one and at most four (a roll-out
- * chunk of 500 signatures takes one core about 15 to 20 ms, less than the main thread spends recording and sending
- * one).
+ * How many threads sign: one a core, at most four. The main thread is not left a core of its own: in a roll-out it
+ * waits on the signing for a third of the time or more, and a thread on its core signs meanwhile (on two cores, a
+ * plan change every one of 1,000 nodes holds rolled out in 90 ms rather than 125, median of 15 rounds a side).
  */
 export function signingThreads(cores = availableParallelism()): number {
-  return Math.min(4, Math.max(1, cores - 1));
+  return Math.min(4, Math.max(1, cores));
 }
 
 /**
