@@ -354,6 +354,33 @@ test("allot — matching by groups of alike nodes finds exactly the nodes a sele
   );
 });
 
+test("allot — matching finds the same nodes when alike nodes share one profile object, as the fleet is read", () => {
+  fc.assert(
+    fc.property(fleetAndUnitsArbitrary, ([fleet, units]) => {
+      const thePlan = variedPlanOf(units);
+      // Nodes whose profiles read alike get one object for it, as `readFleet` gives them.
+      const read = new Map<string, FleetNode["profile"]>();
+      const shared = fleet.map((one) => {
+        const text = JSON.stringify(one.profile);
+        const profile = read.get(text) ?? one.profile;
+        read.set(text, profile);
+        return { name: one.name, profile };
+      });
+      const matchingOf = matcher(thePlan, shared);
+      for (const unit of thePlan.units) {
+        assert.deepEqual(
+          matchingOf(unit).map((one) => one.name),
+          fleet
+            .filter((one) => matches(unit.where, one) && canHold(unit, one))
+            .map((one) => one.name)
+            .sort(),
+        );
+      }
+    }),
+    { numRuns: 300 },
+  );
+});
+
 test("allot — a label set to the empty string is not a label missing", () => {
   const fleet = [node("n-1", { zone: "" }), node("n-2"), node("n-3", { zone: "a" })];
   const thePlan = plan([

@@ -105,6 +105,39 @@ test("compose — nodes on the same units share one composition; a node with non
   assert.equal(alone.digest, itemsDigest(alone.items));
 });
 
+test("compose — each node holds the units placed on it, in name order; nodes on the same units share one composition", () => {
+  const names = Array.from({ length: 12 }, (_, i) => `n-${i}`);
+  const units = Array.from({ length: 6 }, (_, i) => `u-${i}`);
+  const thePlan = plan(units.map((name) => ({ name, files: [file(`/etc/${name}`, name)] })));
+  fc.assert(
+    fc.property(
+      fc.array(fc.subarray(names), { minLength: units.length, maxLength: units.length }),
+      fc.subarray(names, { minLength: 1 }),
+      (placements, composed) => {
+        // Placed in any order of units; a node placed that is not composed is left out.
+        const placed = new Map(units.map((name, i) => [name, placements[i] ?? []] as const).reverse());
+        const all = composeFleet(thePlan, { placed, conditions: [] }, composed);
+        assert.deepEqual([...all.keys()], composed);
+        const unitsOf = (node: string) => units.filter((name) => placed.get(name)?.includes(node));
+        for (const one of composed) {
+          const composition = all.get(one);
+          assert.deepEqual(composition?.units, unitsOf(one));
+          assert.deepEqual(
+            composition?.items.map((item) => item.id),
+            unitsOf(one).map((name) => `file:/etc/${name}`),
+          );
+          assert.equal(composition?.digest, itemsDigest(composition?.items ?? []));
+          for (const other of composed) {
+            const same = unitsOf(one).join() === unitsOf(other).join();
+            assert.equal(all.get(other) === composition, same, `${one} and ${other}`);
+          }
+        }
+      },
+    ),
+    { numRuns: 300 },
+  );
+});
+
 test("send only what changed — a new epoch alone, or the same items again, sends nothing", () => {
   const thePlan = plan([{ name: "motd", files: [file("/etc/motd", "m")] }]);
   const composition = composeFor(thePlan, allot(thePlan, [node("a")]), "a");
