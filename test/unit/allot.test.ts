@@ -334,22 +334,25 @@ const variedPlanOf = (
     })),
   );
 
+/** Each unit's matching, by groups, is exactly what matching `fleet` node by node finds. */
+function matchesOneByOne(thePlan: Plan, fleet: readonly FleetNode[], grouped: readonly FleetNode[]): void {
+  const matchingOf = matcher(thePlan, grouped);
+  for (const unit of thePlan.units) {
+    assert.deepEqual(
+      matchingOf(unit).map((one) => one.name),
+      fleet
+        .filter((one) => matches(unit.where, one) && canHold(unit, one))
+        .map((one) => one.name)
+        .sort(),
+    );
+  }
+}
+
 test("allot — matching by groups of alike nodes finds exactly the nodes a selector matches one by one", () => {
   fc.assert(
-    fc.property(fleetAndUnitsArbitrary, ([fleet, units]) => {
-      const thePlan = variedPlanOf(units);
-      const matchingOf = matcher(thePlan, fleet);
-      for (const unit of thePlan.units) {
-        const oneByOne = fleet
-          .filter((one) => matches(unit.where, one) && canHold(unit, one))
-          .map((one) => one.name)
-          .sort();
-        assert.deepEqual(
-          matchingOf(unit).map((one) => one.name),
-          oneByOne,
-        );
-      }
-    }),
+    fc.property(fleetAndUnitsArbitrary, ([fleet, units]) =>
+      matchesOneByOne(variedPlanOf(units), fleet, fleet),
+    ),
     { numRuns: 300 },
   );
 });
@@ -357,7 +360,6 @@ test("allot — matching by groups of alike nodes finds exactly the nodes a sele
 test("allot — matching finds the same nodes when alike nodes share one profile object, as the fleet is read", () => {
   fc.assert(
     fc.property(fleetAndUnitsArbitrary, ([fleet, units]) => {
-      const thePlan = variedPlanOf(units);
       // Nodes whose profiles read alike get one object for it, as `readFleet` gives them.
       const read = new Map<string, FleetNode["profile"]>();
       const shared = fleet.map((one) => {
@@ -366,16 +368,7 @@ test("allot — matching finds the same nodes when alike nodes share one profile
         read.set(text, profile);
         return { name: one.name, profile };
       });
-      const matchingOf = matcher(thePlan, shared);
-      for (const unit of thePlan.units) {
-        assert.deepEqual(
-          matchingOf(unit).map((one) => one.name),
-          fleet
-            .filter((one) => matches(unit.where, one) && canHold(unit, one))
-            .map((one) => one.name)
-            .sort(),
-        );
-      }
+      matchesOneByOne(variedPlanOf(units), fleet, shared);
     }),
     { numRuns: 300 },
   );

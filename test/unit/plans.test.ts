@@ -114,7 +114,7 @@ test("compose — each node holds the units placed on it, in name order; nodes o
       fc.array(fc.subarray(names), { minLength: units.length, maxLength: units.length }),
       fc.subarray(names, { minLength: 1 }),
       (placements, composed) => {
-        // Placed in any order of units; a node placed that is not composed is left out.
+        // Given in reverse name order of units; a node placed that is not composed is left out.
         const placed = new Map(units.map((name, i) => [name, placements[i] ?? []] as const).reverse());
         const all = composeFleet(thePlan, { placed, conditions: [] }, composed);
         assert.deepEqual([...all.keys()], composed);
