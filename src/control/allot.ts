@@ -53,6 +53,7 @@ export function matches(selector: Selector | undefined, node: FleetNode): boolea
 /**
  * Whether a node's agent can apply every kind of item the unit holds: each kind is a driver the agent advertises in
  * its profile (`file` for files, directories and links; `user`, `group`, `service`). A node that cannot is no match.
+ * Of what a unit holds, allot reads only this (whether each kind is empty): `AllotMemory` relies on it.
  */
 export function canHold(unit: PlanUnit, node: FleetNode): boolean {
   const kinds = [

@@ -35,10 +35,7 @@ export function composeFleet(
   allotment: Allotment,
   nodes: readonly string[],
 ): Map<string, Composition> {
-  const unitsOf = new Map<string, string[]>(nodes.map((node) => [node, []]));
-  for (const name of [...allotment.placed.keys()].sort()) {
-    for (const node of allotment.placed.get(name) ?? []) unitsOf.get(node)?.push(name);
-  }
+  const { groups, groupOf } = groupingOf(allotment, nodes);
   const byName = new Map(plan.units.map((unit) => [unit.name, unit]));
   const itemsOfUnit = new Map<string, Array<{ item: DeclaredItem; text: string }>>();
   const itemsOf = (name: string) => {
@@ -50,51 +47,92 @@ export function composeFleet(
     }
     return items;
   };
-  const shared = new Map<
-    string,
-    Omit<Composition, "conflicts"> & { conflicts: Omit<ItemConflict, "node">[] }
-  >();
+  const composed = groups.map((units) => composeUnits(units, itemsOf));
   const compositions = new Map<string, Composition>();
-  const clean = new Map<string, Composition>();
-  for (const node of nodes) {
-    const units = unitsOf.get(node) ?? [];
-    const key = units.join("\n");
-    let composed = shared.get(key);
-    if (composed === undefined) {
-      const byId = new Map<string, { item: DeclaredItem; unit: string; text: string }>();
-      const conflicts: Omit<ItemConflict, "node">[] = [];
-      for (const unit of units) {
-        for (const { item, text } of itemsOf(unit)) {
-          const earlier = byId.get(item.id);
-          if (earlier === undefined) byId.set(item.id, { item, unit, text });
-          else if (earlier.text !== text) conflicts.push({ id: item.id, units: [earlier.unit, unit] });
-        }
-      }
-      const kept = [...byId.values()];
-      const items = kept.map(({ item }) => item);
-      // Each item's text is its JSON: the items' JSON is theirs end to end, and `itemsDigest` digests that.
-      composed = {
-        units,
-        items,
-        digest: itemsTextDigest(`[${kept.map(({ text }) => text).join(",")}]`),
-        conflicts,
-      };
-      shared.set(key, composed);
-    }
+  for (let at = 0; at < nodes.length; at++) {
+    const node = nodes[at] ?? "";
+    const group = composed[groupOf[at] ?? -1];
+    if (group === undefined) throw new MeshError("internal", `${node} was not grouped`);
     // Nodes whose composition holds no conflict share one object for it (nothing changes a composition once made).
-    let made = composed.conflicts.length === 0 ? clean.get(key) : undefined;
-    if (made === undefined) {
-      made = {
-        units: composed.units,
-        items: composed.items,
-        digest: composed.digest,
-        conflicts: composed.conflicts.map((conflict) => ({ node, ...conflict })),
-      };
-      if (composed.conflicts.length === 0) clean.set(key, made);
-    }
-    compositions.set(node, made);
+    compositions.set(
+      node,
+      group.conflicts.length === 0
+        ? group.clean
+        : { ...group.clean, conflicts: group.conflicts.map((conflict) => ({ node, ...conflict })) },
+    );
   }
   return compositions;
+}
+
+/** The fleet's nodes grouped by the set of units placed on them: `groups[groupOf[i]]` are those of `nodes[i]`. */
+interface Grouping {
+  nodes: readonly string[];
+  /** Each group's units, by name, sorted. */
+  groups: string[][];
+  groupOf: Uint32Array;
+}
+
+/**
+ * The grouping of each allotment composed lately, by the allotment: a plan change that moves no unit keeps its
+ * allotment (`AllotMemory`), and its nodes fall into the same groups whatever the units hold.
+ */
+const groupings = new WeakMap<Allotment, Grouping>();
+
+function groupingOf(allotment: Allotment, nodes: readonly string[]): Grouping {
+  const known = groupings.get(allotment);
+  if (known !== undefined && sameNames(known.nodes, nodes)) return known;
+  const unitsOf = new Map<string, string[]>(nodes.map((node) => [node, []]));
+  for (const name of [...allotment.placed.keys()].sort()) {
+    for (const node of allotment.placed.get(name) ?? []) unitsOf.get(node)?.push(name);
+  }
+  const groups: string[][] = [];
+  const groupOf = new Uint32Array(nodes.length);
+  const keys = new Map<string, number>();
+  nodes.forEach((node, at) => {
+    const units = unitsOf.get(node) ?? [];
+    const key = units.join("\n");
+    let group = keys.get(key);
+    if (group === undefined) {
+      group = groups.length;
+      keys.set(key, group);
+      groups.push(units);
+    }
+    groupOf[at] = group;
+  });
+  const grouping = { nodes: [...nodes], groups, groupOf };
+  groupings.set(allotment, grouping);
+  return grouping;
+}
+
+function sameNames(before: readonly string[], now: readonly string[]): boolean {
+  return before.length === now.length && before.every((name, at) => name === now[at]);
+}
+
+/** One set of units composed: its items in unit-name order, each id once, and where two units clash over one. */
+function composeUnits(
+  units: string[],
+  itemsOf: (unit: string) => ReadonlyArray<{ item: DeclaredItem; text: string }>,
+): { clean: Composition; conflicts: Omit<ItemConflict, "node">[] } {
+  const byId = new Map<string, { item: DeclaredItem; unit: string; text: string }>();
+  const conflicts: Omit<ItemConflict, "node">[] = [];
+  for (const unit of units) {
+    for (const { item, text } of itemsOf(unit)) {
+      const earlier = byId.get(item.id);
+      if (earlier === undefined) byId.set(item.id, { item, unit, text });
+      else if (earlier.text !== text) conflicts.push({ id: item.id, units: [earlier.unit, unit] });
+    }
+  }
+  const kept = [...byId.values()];
+  // Each item's text is its JSON: the items' JSON is theirs end to end, and `itemsDigest` digests that.
+  return {
+    clean: {
+      units,
+      items: kept.map(({ item }) => item),
+      digest: itemsTextDigest(`[${kept.map(({ text }) => text).join(",")}]`),
+      conflicts: [],
+    },
+    conflicts,
+  };
 }
 
 /** What one node should hold: `composeFleet` for that node alone (what `mesh plan render` prints). */

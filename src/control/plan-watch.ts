@@ -15,6 +15,7 @@ import type { RolloutContext } from "./plans.js";
 import { DeclaredInPart, resendLatest } from "./declarations.js";
 import { readFleet, readPlan, rollOut } from "./plans.js";
 import { SentMemory } from "./sent-memory.js";
+import { AllotMemory } from "./allot-memory.js";
 
 export interface PlanWatchSettings {
   context: RolloutContext;
@@ -58,6 +59,7 @@ export class PlanWatch {
     this.context = {
       ...settings.context,
       sentMemory: new SentMemory(),
+      allotMemory: new AllotMemory(),
       onSending: (sending) => {
         this.rolling = sending;
         this.holdUntil = undefined;

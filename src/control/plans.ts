@@ -11,6 +11,7 @@ import { checkContents, emptyDigest, itemsDigest, planSchema } from "../link/ind
 import type { Store } from "../store/index.js";
 import type { Allotment, Away, Condition, FleetNode, Held } from "./allot.js";
 import { allot } from "./allot.js";
+import type { AllotMemory } from "./allot-memory.js";
 import type { Composition, ItemConflict } from "./compose.js";
 import { composeFleet } from "./compose.js";
 import type { DeclareContext, SentDeclaration } from "./declarations.js";
@@ -185,8 +186,20 @@ export function heldOf(last: ReadonlyMap<string, LastSent>, plan?: Plan): Held {
   return held;
 }
 
-export function outlookOf(plan: Plan, fleet: FleetReading, held: Held = new Map()): Outlook {
-  const allotment = allot(plan, fleet.nodes, fleet.away, held);
+/**
+ * Where each unit goes and what each node holds. Given `memory`, allot's answer to the last roll-out is given again
+ * when nothing it reads has changed.
+ */
+export function outlookOf(
+  plan: Plan,
+  fleet: FleetReading,
+  held: Held = new Map(),
+  memory?: AllotMemory,
+): Outlook {
+  const allotment =
+    memory === undefined
+      ? allot(plan, fleet.nodes, fleet.away, held)
+      : memory.allot(plan, fleet.nodes, fleet.away, held);
   const compositions = composeFleet(
     plan,
     allotment,
@@ -349,6 +362,8 @@ export interface RolloutContext extends DeclareContext {
   outOfTouchAfterMs: number;
   /** What this control plane sent each node, kept between its roll-outs; without it each reads the store. */
   sentMemory?: SentMemory;
+  /** Allot's last answer, kept between its roll-outs; without it each allots afresh. */
+  allotMemory?: AllotMemory;
   /** Told when declarations begin to be sent, with their sending (it settles when they are sent or have failed). */
   onSending?: (sending: Promise<unknown>) => void;
 }
@@ -370,7 +385,7 @@ export async function rollOut(context: RolloutContext, epoch: number): Promise<R
       ? await store.declarations.latestSent()
       : await context.sentMemory.read(store, epoch, reading.declarationSequences ?? new Map());
   const fleet = await giveOverlayAddresses(store, plan, reading, now.toISOString());
-  const outlook = outlookOf(plan, fleet, heldOf(last, plan));
+  const outlook = outlookOf(plan, fleet, heldOf(last, plan), context.allotMemory);
   const targets = [...outlook.compositions]
     .filter(([node, composition]) => needsSending(composition, last.get(node)))
     .map(([node, composition]) => ({ node, ...composition }));

@@ -134,6 +134,7 @@ export {
   resourcesSchema,
   selectorSchema,
   unitContentsSchema,
+  unitContentsShape,
   unitSchema,
 } from "./plan.js";
 export type { OverlayPlan, Plan, PlanUnit, Resources, Selector, UnitContents } from "./plan.js";
