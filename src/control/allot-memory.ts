@@ -81,7 +81,8 @@ function awayPast(plan: Plan, away: Away): string {
 
 /**
  * The same nodes in the same order, each with the same profile object: `readFleet` gives nodes that sent the same
- * profile text one object, kept from one look to the next, so an unchanged fleet compares by reference alone.
+ * profile text (or none) one object, kept from one look to the next, so an unchanged fleet compares by reference
+ * alone.
  */
 function sameFleet(before: readonly FleetNode[], now: readonly FleetNode[]): boolean {
   if (before === now) return true;

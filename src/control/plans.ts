@@ -122,13 +122,16 @@ export async function readFleet(store: Store, now: Date, outOfTouchAfterMs: numb
  */
 let profilesRead = new Map<string, FleetNode["profile"]>();
 
+/** What allot sees of a node that sent no profile: one object for them all, as for nodes that sent the same text. */
+const noProfile: FleetNode["profile"] = readProfile("", null);
+
 /** The profile a node sent at enrolment, as allot needs it; checked when it was received, read leniently here. */
 function profileOf(
   node: string,
   text: string | null,
   read: Map<string, FleetNode["profile"]>,
 ): FleetNode["profile"] {
-  if (text === null) return readProfile(node, text);
+  if (text === null) return noProfile;
   let profile = read.get(text) ?? profilesRead.get(text);
   if (profile === undefined) profile = readProfile(node, text);
   read.set(text, profile);

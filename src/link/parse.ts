@@ -239,7 +239,7 @@ export function declarationEncoder(
       } else {
         // The rest of the declaration is its header and digest, checked by hand as a node's header is; whichever
         // does not pass goes through the schema, which says what is wrong.
-        if (digestPattern.test(digest)) checkHeader(header);
+        if (typeof digest === "string" && digestPattern.test(digest)) checkHeader(header);
         else parseMessage("declaration", { kind: "declaration", ...header, items: [], digest });
         itemsText = inParts;
       }

@@ -24,6 +24,9 @@ const profileAt = (at: number): FleetNode["profile"] => {
 
 interface UnitShape {
   role?: string;
+  /** The unit names its nodes (`where.nodes`), by number. */
+  nodes?: number[];
+  memory?: number;
   count?: number;
   cpu?: number;
   moveAfter?: string;
@@ -35,7 +38,17 @@ const planOf = (units: readonly UnitShape[]): Plan =>
   planSchema.parse({
     units: units.map((unit, index) => ({
       name: `u-${index}`,
-      ...(unit.role === undefined ? {} : { where: { labels: { role: unit.role } } }),
+      ...(unit.role === undefined && unit.nodes === undefined && unit.memory === undefined
+        ? {}
+        : {
+            where: {
+              ...(unit.role === undefined ? {} : { labels: { role: unit.role } }),
+              ...(unit.nodes === undefined
+                ? {}
+                : { nodes: unit.nodes.map((at) => `n-${String(at).padStart(2, "0")}`) }),
+              ...(unit.memory === undefined ? {} : { memory_mb: unit.memory }),
+            },
+          }),
       ...(unit.count === undefined
         ? {}
         : {
@@ -51,6 +64,8 @@ const planOf = (units: readonly UnitShape[]): Plan =>
 const unitArbitrary: fc.Arbitrary<UnitShape> = fc.record(
   {
     role: fc.constantFrom("web", "db"),
+    nodes: fc.array(fc.nat(30), { minLength: 1, maxLength: 5 }),
+    memory: fc.constantFrom(8_192, 16_384),
     count: fc.integer({ min: 1, max: 6 }),
     cpu: fc.constantFrom(1, 2),
     moveAfter: fc.constantFrom("1h", "2h"),
@@ -67,6 +82,15 @@ const changeArbitrary = fc.oneof(
   fc.record({ kind: fc.constant("users" as const), unit: fc.nat() }),
   fc.record({ kind: fc.constant("profile" as const), node: fc.nat(), profile: fc.nat(profiles.length - 1) }),
   fc.record({ kind: fc.constant("drop" as const), node: fc.nat() }),
+  fc.record({ kind: fc.constant("join" as const), name: fc.nat(30), profile: fc.nat(profiles.length - 1) }),
+  fc.record({ kind: fc.constant("rename" as const), node: fc.nat(), name: fc.nat(30) }),
+  fc.record({
+    kind: fc.constant("pin" as const),
+    unit: fc.nat(),
+    nodes: fc.array(fc.nat(30), { minLength: 1, maxLength: 5 }),
+  }),
+  fc.record({ kind: fc.constant("add" as const), shape: unitArbitrary }),
+  fc.record({ kind: fc.constant("remove" as const), unit: fc.nat() }),
   fc.record({
     kind: fc.constant("away" as const),
     node: fc.nat(),
@@ -133,6 +157,38 @@ test("allot memory — after any changes, in any order, it answers what allot an
               fleet = fleet.filter((one) => one !== target);
               break;
             }
+            case "join": {
+              // A node enrols (a name the fleet may not have yet), at the end of the fleet or in its order.
+              const name = `n-${String(change.name).padStart(2, "0")}`;
+              if (fleet.some((one) => one.name === name)) break;
+              const joined = { name, profile: profileAt(change.profile) };
+              fleet = [...fleet, joined].sort((a, b) => (a.name < b.name ? -1 : 1));
+              break;
+            }
+            case "rename": {
+              // One node leaves and another with the same profile enrols: the fleet's size and profiles stay.
+              const target = nodeAt(change.node);
+              const name = `n-${String(change.name).padStart(2, "0")}`;
+              if (target === undefined || fleet.some((one) => one.name === name)) break;
+              fleet = fleet
+                .map((one) => (one === target ? { name, profile: one.profile } : one))
+                .sort((a, b) => (a.name < b.name ? -1 : 1));
+              break;
+            }
+            case "pin": {
+              const at = unitAt(change.unit);
+              units = units.map((unit, index) => (index === at ? { ...unit, nodes: change.nodes } : unit));
+              break;
+            }
+            case "add":
+              units = [...units, change.shape];
+              break;
+            case "remove": {
+              if (units.length === 1) break;
+              const at = unitAt(change.unit);
+              units = units.filter((_, index) => index !== at);
+              break;
+            }
             case "away": {
               const target = nodeAt(change.node);
               if (target === undefined) break;
@@ -167,23 +223,34 @@ test("allot memory — after any changes, in any order, it answers what allot an
   );
 });
 
-test("allot memory — a plan change only to what units hold gives the same allotment, not a new one", () => {
+test("allot memory — a plan change only to what units hold gives the same allotment; a holder away too long moves", () => {
   const fleet: FleetNode[] = Array.from({ length: 12 }, (_, at) => ({
     name: `n-${at}`,
     profile: profileAt(at % profiles.length),
   }));
+  // Role web and users: only n-2, n-6 and n-10 can hold u-1, and it is placed on two of them.
   const units: UnitShape[] = [
     { users: false, content: "one" },
     { role: "web", count: 2, cpu: 1, moveAfter: "1h", users: true, content: "one" },
   ];
+  const placed = allot(planOf(units), fleet, new Map(), new Map()).placed.get("u-1") ?? [];
+  assert.equal(placed.length, 2);
+  const [holder] = placed;
+  assert.ok(holder !== undefined);
+  const held: Held = new Map([["u-1", new Set(placed)]]);
   const memory = new AllotMemory();
-  const first = memory.allot(planOf(units), fleet, new Map(), new Map());
+  const first = memory.allot(planOf(units), fleet, new Map(), held);
   const changed = units.map((unit) => ({ ...unit, content: "two" }));
-  assert.equal(memory.allot(planOf(changed), [...fleet], new Map(), new Map()), first);
+  assert.equal(memory.allot(planOf(changed), [...fleet], new Map(), new Map(held)), first);
   // Away, but not yet past the unit's move_after: nothing moves either.
-  assert.equal(memory.allot(planOf(changed), fleet, new Map([["n-0", 60_000]]), new Map()), first);
-  // Past it: allotted afresh.
-  assert.notEqual(memory.allot(planOf(changed), fleet, new Map([["n-0", 2 * 3_600_000]]), new Map()), first);
+  assert.equal(memory.allot(planOf(changed), fleet, new Map([[holder, 60_000]]), held), first);
+  // Past it: the placement moves to the third node that can hold it.
+  const moved = memory.allot(planOf(changed), fleet, new Map([[holder, 2 * 3_600_000]]), held);
+  assert.notEqual(moved, first);
+  const now = moved.placed.get("u-1") ?? [];
+  assert.equal(now.length, 2);
+  assert.ok(!now.includes(holder), `${holder} is away past move_after and no longer holds u-1`);
+  assert.deepEqual(moved, allot(planOf(changed), fleet, new Map([[holder, 2 * 3_600_000]]), held));
 });
 
 test("compose — a kept allotment composed with new contents gives what composing a fresh one gives", () => {

@@ -194,6 +194,13 @@ describe("declarationEncoder", () => {
       "a digest that is not one",
     );
     const sharedDigest = itemsDigest([shared]);
+    // A list holding a digest reads as one to a regex (it is made a string first); the schema refuses it.
+    const listed = [sharedDigest] as unknown as string;
+    sameRefusal(
+      () => declarationEncoder([shared], listed, checked)(good),
+      () => declarationEncoder([shared], listed)(good),
+      "a digest in a list",
+    );
     for (const [what, header] of [
       ["sequence 0", { ...good, sequence: 0 }],
       ["an epoch below 0", { ...good, epoch: -1 }],
