@@ -94,7 +94,7 @@ export class LivenessWatch {
   }
 
   private async lastRecorded(): Promise<Map<string, Liveness>> {
-    const crossings = await this.store.events.latestOfKinds(["node.out_of_touch", "node.back_in_touch"]);
+    const crossings = await this.store.events.latestCrossings();
     return new Map(
       [...crossings].map(([node, kind]) => [node, kind === "node.out_of_touch" ? "out_of_touch" : "here"]),
     );

@@ -80,10 +80,7 @@ for (const backend of storeBackends) {
       await store.nodes.touch(new Map([["quiet-1", clock.toISOString()]]));
       await checkedTwice();
       assert.deepEqual(told("node.back_in_touch"), ["quiet-1"]);
-      assert.deepEqual(
-        [...(await store.events.latestOfKinds(["node.out_of_touch", "node.back_in_touch"]))],
-        [["quiet-1", "node.back_in_touch"]],
-      );
+      assert.deepEqual([...(await store.events.latestCrossings())], [["quiet-1", "node.back_in_touch"]]);
     });
 
     test("liveness watch — a node silent past the threshold and back between two checks is told gone and back", async () => {
@@ -108,7 +105,7 @@ for (const backend of storeBackends) {
         ],
       );
       assert.equal(
-        (await store.events.latestOfKinds(["node.out_of_touch", "node.back_in_touch"])).get("brief-1"),
+        (await store.events.latestCrossings()).get("brief-1"),
         "node.back_in_touch",
         "the trail ends with it back",
       );
