@@ -21,7 +21,7 @@ export interface StoredEvent extends MeshEvent {
 
 /**
  * The kinds of event a liveness crossing is, as the partial index `events_crossings` names them (migration 0016): a
- * change here needs a migration of that index, and the test of its query plan fails until it has one.
+ * change here needs a migration of that index; its test fails while the two name different kinds.
  */
 export const crossingKinds = ["node.out_of_touch", "node.back_in_touch"] as const;
 export type CrossingKind = (typeof crossingKinds)[number];
@@ -32,8 +32,9 @@ function isCrossing(kind: string): kind is CrossingKind {
 
 /**
  * The newest crossing of each node. The kinds are written into the statement, not bound: SQLite uses a partial
- * index only for a statement whose own condition shows that it holds. Read through the whole audit trail instead,
- * at the default million events, this took over half a second on a thread that also renews the lease.
+ * index only for a statement whose own condition shows that it holds (PostgreSQL plans with the values bound too).
+ * Read through the whole audit trail instead, at the default million events, this took over half a second on
+ * SQLite, on the thread that also renews the lease.
  */
 export function newestCrossings(db: Kysely<Database>) {
   const kinds = crossingKinds.map((kind) => sql.lit(kind));
