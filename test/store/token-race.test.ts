@@ -45,11 +45,23 @@ for (const backend of storeBackends) {
             new Promise<string>((resolve, reject) => {
               worker.once("message", (message: string) => resolve(message));
               worker.once("error", reject);
+              worker.once("exit", (code) =>
+                reject(new Error(`a contender ended (${code}) without an outcome`)),
+              );
             }),
         );
-        while (Atomics.load(flags, 1) < contenders) await new Promise((r) => setTimeout(r, 10));
+        // A contender that fails before the start line (its store would not open) ends the race at once, with its
+        // error: the others, waiting at the line, would otherwise wait for it until the test's time ran out.
+        let failure: { error: unknown } | undefined;
+        for (const outcome of outcomes) outcome.catch((error: unknown) => (failure ??= { error }));
+        while (Atomics.load(flags, 1) < contenders && failure === undefined)
+          await new Promise((r) => setTimeout(r, 10));
         Atomics.store(flags, 0, 1);
         Atomics.notify(flags, 0);
+        if (failure !== undefined) {
+          await Promise.all(workers.map((worker) => worker.terminate()));
+          throw failure.error;
+        }
         const results = await Promise.all(outcomes);
 
         assert.equal(results.filter((r) => r === "won").length, 1, results.join(", "));
