@@ -394,8 +394,7 @@ const noDeclarationsByDigest: NumberedMigration = () => ({
  * The liveness crossings by node, and nothing else of the audit trail: the liveness watch reads each node's newest
  * crossing when a control plane starts acting. Through `events_node` that read walked every event the store keeps
  * (a million by default) to test its kind: 550–650 ms on SQLite's single thread; 46–50 ms through this index (138 ms
- * with the page cache cold). The
- * kinds are `crossingKinds` in `events.ts`, written out here as they stood.
+ * with the page cache cold). The kinds are `crossingKinds` in `events.ts`, written out here as they stood.
  */
 const crossingsByNode: NumberedMigration = () => ({
   async up(db: Kysely<unknown>) {
