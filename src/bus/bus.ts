@@ -49,8 +49,13 @@ export interface EnrolAnswer {
 /** Decides a batch of deliveries: one outcome for each, in the same order. */
 export type ControlHandler = (batch: readonly ControlDelivery[]) => Promise<DeliveryOutcome[]>;
 
-/** The most deliveries handed to the control plane at once. */
-export const controlBatchMax = 256;
+/**
+ * The most deliveries handed to the control plane at once: one transaction and one acknowledgement each. 512 rather
+ * than 256: a backlog of 200,000 alives and reports from 10,000 nodes on NATS was drained about 4 % sooner (four runs
+ * a side, alternated); the consumers' 1,024 unacknowledged messages still hold two batches, one handled while the
+ * next arrives.
+ */
+export const controlBatchMax = 512;
 
 /** The control plane's side of the broker. */
 export interface ControlBus {
