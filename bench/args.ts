@@ -22,6 +22,12 @@ export interface BenchOptions {
   aliveEveryMs: number;
   /** Reports per node in the ingest backlog (beside one alive per node). */
   reportsPerNode: number;
+  /**
+   * The order the ingest backlog is sent in: `node`, each node's alive and reports back to back (a batch serve takes
+   * holds a few nodes); `turns`, every node's alive, then every node's first report, and so on (a batch holds as
+   * many nodes as messages, as when a fleet reports after a roll-out).
+   */
+  ingestOrder: IngestOrder;
   /** How many times the fleet is declared to, in the fan-out and convergence parts. */
   rounds: number;
   /** How many times the ingest part's backlog is drained by each side (the medians are compared). */
@@ -34,6 +40,9 @@ export interface BenchOptions {
   /** Run serve (and the fleet's `mesh declare --all`) under --cpu-prof, profiles kept under bench/results/profiles/. */
   profile: boolean;
 }
+
+export const ingestOrders = ["node", "turns"] as const;
+export type IngestOrder = (typeof ingestOrders)[number];
 
 export class BenchUsageError extends Error {
   override name = "BenchUsageError";
@@ -54,6 +63,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
         "join-concurrency": { type: "string" },
         rounds: { type: "string", default: "3" },
         "ingest-trials": { type: "string" },
+        "ingest-order": { type: "string", default: "node" },
         trials: { type: "string" },
         ttl: { type: "string" },
         renew: { type: "string" },
@@ -67,6 +77,11 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     throw new BenchUsageError((error as Error).message);
   }
   const nodes = whole(values.nodes, "--nodes", 1, 100_000);
+  const ingestOrder = ingestOrders.find((order) => order === values["ingest-order"]);
+  if (ingestOrder === undefined)
+    throw new BenchUsageError(
+      `--ingest-order: "${values["ingest-order"]}" is neither ${ingestOrders.join(" nor ")}`,
+    );
   const broker = values.broker;
   if (broker !== "nats" && broker !== "amqp")
     throw new BenchUsageError(`--broker: "${broker}" is neither nats nor amqp`);
@@ -97,6 +112,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     rounds: whole(values.rounds, "--rounds", 1, 100),
     // One RabbitMQ drain can cost the broker three times another of the same backlog (measured: a plain consumer's
     // 20,000 took 0.8 to 1.9 s of its CPU, most near 1.5 s): a median of three lands on an outlier too often.
+    ingestOrder,
     ingestTrials: whole(values["ingest-trials"] ?? (broker === "amqp" ? "7" : "3"), "--ingest-trials", 1, 20),
     // Pure-JS nkey signing makes a thousand simultaneous connects outlast the server's authentication timeout.
     joinConcurrency: whole(

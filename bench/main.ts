@@ -5,6 +5,7 @@
  *   npm run bench -- [--nodes 1000] [--broker nats|amqp]
  *                    [--only enrolment,steady,fanout,convergence,plan,ingest,failover]
  *                    [--steady-window 60] [--alive-every 15] [--reports-per-node 19] [--ingest-trials 3, 7 on amqp]
+ *                    [--ingest-order node|turns]
  *                    [--join-concurrency N]
  *                    [--plan-fleet 10000] [--trials N --ttl 15s --renew 5s --margin 3s] [--profile]
  */
@@ -24,7 +25,7 @@ import type { DeclaredItem } from "../src/link/index.js";
 import { declarationEncoder, emptyDigest, encodeMessage, itemsDigest } from "../src/link/index.js";
 import { createLogger, errorText } from "../src/log.js";
 import { openStore } from "../src/store/index.js";
-import type { BenchOptions } from "./args.js";
+import type { BenchOptions, IngestOrder } from "./args.js";
 import { benchParts, BenchUsageError, parseBenchArgs } from "./args.js";
 import { runFailover } from "./failover.js";
 import type { ServeProcess } from "./mesh.js";
@@ -791,7 +792,7 @@ async function benchMesh(): Promise<void> {
         await serve.stop();
         // Each backlog's reports follow the last one's, as a node's next reports would.
         const sequences = (trial * 3 + 1) * 1_000_000;
-        await preload(broker, lab, sent, R, sequences);
+        await preload(broker, lab, sent, R, sequences, options.ingestOrder);
         const rested = [await brokerAtRest(broker.pid)];
         // The raw consumer runs in this process, which does nothing else meanwhile: its CPU is the consumer's.
         const rawCpuBefore = process.cpuUsage();
@@ -800,7 +801,7 @@ async function benchMesh(): Promise<void> {
         const rawCpu = process.cpuUsage(rawCpuBefore);
         const brokerRawMs = cpuMsSince(brokerBeforeRaw, brokerCpu(broker.pid));
         const rawCpuMs = (rawCpu.user + rawCpu.system) / 1000;
-        await preload(broker, lab, sent, R, sequences + 1_000_000);
+        await preload(broker, lab, sent, R, sequences + 1_000_000, options.ingestOrder);
         rested.push(await brokerAtRest(broker.pid));
         const pending = await broker.queued();
         const metricsAddress = `127.0.0.1:${await freePort()}`;
@@ -814,7 +815,16 @@ async function benchMesh(): Promise<void> {
           receipts: 0,
         });
         // Then as a serve that has been running meets one, as the raw consumer's warm client did.
-        const warm = await drainWarm(serve, broker, lab, sent, R, metricsAddress, sequences + 2_000_000);
+        const warm = await drainWarm(
+          serve,
+          broker,
+          lab,
+          sent,
+          R,
+          metricsAddress,
+          sequences + 2_000_000,
+          options.ingestOrder,
+        );
         const told = (what: string, drained: MeasuredDrain) =>
           `${what} ${drained.messages} in ${drained.ms.toFixed(0)} ms (${drained.cpuMs.toFixed(0)} ms of CPU, ` +
           `the broker's ${drained.brokerCpuMs?.toFixed(0) ?? "?"}; ${drained.receipts} receipts sent), steady ` +
@@ -869,10 +879,18 @@ async function benchMesh(): Promise<void> {
             ? undefined
             : median(warmDrains.map((warm) => drainRate(warm.serve_steady))),
       };
-      extra.ingest = { trials, median_msg_per_s: rates, warm_up_share: warmUpShare, reports_per_node: R };
+      extra.ingest = {
+        trials,
+        median_msg_per_s: rates,
+        warm_up_share: warmUpShare,
+        reports_per_node: R,
+        order: options.ingestOrder,
+      };
       const backlog = trials[0]?.backlog ?? 0;
       const consumer = `raw ${broker.kind === "nats" ? "JetStream" : "AMQP"} consume+ack`;
-      const firstShare = `timed after the first ${warmUpShare * 100} %`;
+      const firstShare =
+        `timed after the first ${warmUpShare * 100} %` +
+        (options.ingestOrder === "turns" ? ", the nodes' messages sent in turns" : "");
       const ofTrials = `median of ${trials.length} drains`;
       if (rates.warm !== undefined && rates.warmSteady !== undefined) {
         figures.push(
@@ -991,8 +1009,9 @@ async function preload(
   sent: ReadonlyMap<string, SentDeclaration>,
   perNode: number,
   firstReportSequence: number,
+  order: IngestOrder,
 ): Promise<void> {
-  await aroundBacklog(broker, lab, sent, perNode, firstReportSequence, (sending) => sending());
+  await aroundBacklog(broker, lab, sent, perNode, firstReportSequence, order, (sending) => sending());
 }
 
 /**
@@ -1005,43 +1024,48 @@ async function aroundBacklog<T>(
   sent: ReadonlyMap<string, SentDeclaration>,
   perNode: number,
   firstReportSequence: number,
+  order: IngestOrder,
   around: (sending: () => Promise<void>) => Promise<T>,
 ): Promise<T> {
   const before = await broker.queued();
   const asNodes = await broker.openAsNodes(lab.names, (node) => lab.identityOf(node));
   const sending = async () => {
-    await asNodes.send(async (node, bus) => {
+    const alive = (node: string) => {
       const held = sent.get(node);
-      const at = new Date().toISOString();
-      // A node's messages are sent one after another on its connection without waiting for each confirm (the broker
-      // keeps their order): waiting for each, RabbitMQ took ~26 s for 1,000 nodes' backlog.
-      const sends = [
-        bus.publishAlive(
-          encodeMessage({
-            kind: "alive",
-            node,
-            sent_at: at,
-            holds: { epoch: held?.epoch ?? 0, sequence: held?.sequence ?? 0 },
-          }),
-        ),
-      ];
-      for (let k = 0; k < perNode; k++) {
-        const report_sequence = firstReportSequence + k;
-        const body = encodeMessage({
-          kind: "report",
-          node,
-          epoch: held?.epoch ?? 0,
-          sequence: held?.sequence ?? 0,
-          report_sequence,
-          digest: held?.digest ?? emptyDigest,
-          outcome: "applied",
-          items: held === undefined ? [] : [{ id: "file:/etc/bench", state: "applied" }],
-          sent_at: at,
-        });
-        sends.push(bus.publishReport(body));
-      }
-      await Promise.all(sends);
-    });
+      return encodeMessage({
+        kind: "alive",
+        node,
+        sent_at: new Date().toISOString(),
+        holds: { epoch: held?.epoch ?? 0, sequence: held?.sequence ?? 0 },
+      });
+    };
+    const report = (node: string, k: number) => {
+      const held = sent.get(node);
+      return encodeMessage({
+        kind: "report",
+        node,
+        epoch: held?.epoch ?? 0,
+        sequence: held?.sequence ?? 0,
+        report_sequence: firstReportSequence + k,
+        digest: held?.digest ?? emptyDigest,
+        outcome: "applied",
+        items: held === undefined ? [] : [{ id: "file:/etc/bench", state: "applied" }],
+        sent_at: new Date().toISOString(),
+      });
+    };
+    if (order === "turns") {
+      // Every node's alive, then every node's first report, and so on: each turn sent whole before the next.
+      await asNodes.send((node, bus) => bus.publishAlive(alive(node)));
+      for (let k = 0; k < perNode; k++) await asNodes.send((node, bus) => bus.publishReport(report(node, k)));
+    } else {
+      // A node's messages are sent one after another on its connection without waiting for each confirm (the
+      // broker keeps their order): waiting for each, RabbitMQ took ~26 s for 1,000 nodes' backlog.
+      await asNodes.send(async (node, bus) => {
+        const sends = [bus.publishAlive(alive(node))];
+        for (let k = 0; k < perNode; k++) sends.push(bus.publishReport(report(node, k)));
+        await Promise.all(sends);
+      });
+    }
     // On RabbitMQ every message a node sent was confirmed: the broker holds it. On NATS a node's publishing is
     // flushed, not confirmed: the stream is asked. Alives keep one per node there, so the backlog grows by the
     // reports at least.
@@ -1082,6 +1106,7 @@ async function drainWarm(
   perNode: number,
   metricsAddress: string,
   firstReportSequence: number,
+  order: IngestOrder,
 ): Promise<WarmDrain> {
   if (serve.pid <= 0) throw new Error("mesh serve has no process id to stop");
   // Whatever the drain before left (an alive that landed late) is handled before the count is read.
@@ -1092,23 +1117,31 @@ async function drainWarm(
   const backlog = lab.names.length * (perNode + 1);
   let stoppedMs = 0;
   let restedMs = 0;
-  const drained = await aroundBacklog(broker, lab, sent, perNode, firstReportSequence, async (sending) => {
-    process.kill(serve.pid, "SIGSTOP");
-    const stoppedAt = performance.now();
-    try {
-      await sending();
-      // The wait is part of the stop: it leaves the stop's bound two seconds.
-      const left = warmStopAtMostMs[broker.kind] - (performance.now() - stoppedAt) - 2_000;
-      restedMs = await brokerAtRest(broker.pid, Math.max(0, Math.min(restAtMostMs, left)));
-    } finally {
-      process.kill(serve.pid, "SIGCONT");
-      stoppedMs = performance.now() - stoppedAt;
-    }
-    return measureServeDrain(serve, broker, metricsAddress, backlog, {
-      handled: handledBefore,
-      receipts: receiptsBefore,
-    });
-  });
+  const drained = await aroundBacklog(
+    broker,
+    lab,
+    sent,
+    perNode,
+    firstReportSequence,
+    order,
+    async (sending) => {
+      process.kill(serve.pid, "SIGSTOP");
+      const stoppedAt = performance.now();
+      try {
+        await sending();
+        // The wait is part of the stop: it leaves the stop's bound two seconds.
+        const left = warmStopAtMostMs[broker.kind] - (performance.now() - stoppedAt) - 2_000;
+        restedMs = await brokerAtRest(broker.pid, Math.max(0, Math.min(restAtMostMs, left)));
+      } finally {
+        process.kill(serve.pid, "SIGCONT");
+        stoppedMs = performance.now() - stoppedAt;
+      }
+      return measureServeDrain(serve, broker, metricsAddress, backlog, {
+        handled: handledBefore,
+        receipts: receiptsBefore,
+      });
+    },
+  );
   await waitForAsync(async () => (await broker.queued()) === 0, 60_000, 100);
   const handled = (await handledBy(metricsAddress)) - handledBefore;
   const atMostMs = warmStopAtMostMs[broker.kind];

@@ -30,6 +30,17 @@ describe("bench arguments and table", () => {
     assert.throws(() => parseBenchArgs(["--ingest-trials", "0"]), /--ingest-trials: "0"/);
   });
 
+  test("bench args — the ingest backlog is sent node by node unless told to send it in turns", () => {
+    assert.equal(parseBenchArgs([]).ingestOrder, "node");
+    assert.equal(parseBenchArgs(["--ingest-order", "turns"]).ingestOrder, "turns");
+    assert.throws(
+      () => parseBenchArgs(["--ingest-order", "random"]),
+      (error: unknown) =>
+        error instanceof BenchUsageError &&
+        /--ingest-order: "random" is neither node nor turns/.test(error.message),
+    );
+  });
+
   test("bench args — --only keeps the table's order; failover alone runs its full trials", () => {
     assert.deepEqual(parseBenchArgs(["--only", "ingest,fanout"]).parts, ["fanout", "ingest"]);
     const alone = parseBenchArgs(["--only", "failover"]);
