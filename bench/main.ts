@@ -228,7 +228,9 @@ const partsNamed =
   options.parts.length === defaultParts.length && options.parts.every((part) => defaultParts.includes(part))
     ? ""
     : `-${options.parts.join("+")}`;
-const file = join(out, `bench-${options.broker}-${options.nodes}${partsNamed}.json`);
+// A backlog sent in turns is another configuration: its file stands beside the one sent node by node.
+const orderNamed = options.parts.includes("ingest") && options.ingestOrder === "turns" ? "-turns" : "";
+const file = join(out, `bench-${options.broker}-${options.nodes}${partsNamed}${orderNamed}.json`);
 writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
 process.stdout.write(
   `mesh bench, ${options.nodes} nodes — commit ${result.commit}${result.dirty ? " (with local changes)" : ""}, ` +
