@@ -2,7 +2,8 @@
  * Watches liveness and logs each crossing of the out-of-touch threshold once, in each direction. The ordinary case
  * — a node that stays here — is never logged. A node heard again after a silence that crossed the threshold between
  * two checks (or while the control plane was deaf) went out of touch and came back all the same: both are told; so
- * are the return and the going again of one out of touch at both looks but heard between them.
+ * are the return and the going again of one out of touch at both looks but heard between them. A look's crossings
+ * go into the audit trail together, and are logged once they are in it.
  */
 import type { Logger } from "../log.js";
 import type { HearingRecord, Store } from "../store/index.js";
@@ -42,28 +43,59 @@ export class LivenessWatch {
     // After a restart, the last crossing in the audit trail says where each node stood, so it is not told again:
     // read for the whole fleet at once, the first time only.
     const recorded = this.known.size === 0 ? await this.lastRecorded() : new Map<string, Liveness>();
+    const crossings: Crossing[] = [];
+    /** Where each node that crossed stood before this look: where it stands again should its crossings not be kept. */
+    const stoodBefore = new Map<string, Known | undefined>();
+    const crossed = (
+      node: string,
+      before: Liveness | undefined,
+      lastSeen: string | null,
+      ...told: Crossing[]
+    ) => {
+      stoodBefore.set(node, before === undefined ? undefined : { liveness: before, lastSeen });
+      crossings.push(...told);
+    };
     for (const node of await this.store.nodes.fleet()) {
       const reading = livenessOf(node.lastSeen, now, this.outOfTouchAfterMs, hearing);
       const was = this.known.get(node.name);
       const before = was?.liveness ?? recorded.get(node.name);
+      const lastSeen = was?.lastSeen ?? null;
       this.known.set(node.name, { liveness: reading.liveness, lastSeen: node.lastSeen });
       if (before === "here" && reading.liveness === "here") {
-        const silence = this.silenceCrossed(was?.lastSeen ?? null, node.lastSeen, hearing);
+        const silence = this.silenceCrossed(lastSeen, node.lastSeen, hearing);
         if (silence === undefined) continue;
-        await this.wentOut(node.name, silence, now);
-        await this.cameBack(node.name, now);
+        crossed(node.name, before, lastSeen, wentOut(node.name, silence), cameBack(node.name));
       } else if (before === "out_of_touch" && reading.liveness === "out_of_touch") {
         // Heard since the last look, and silent past the threshold again: it came back and went again.
         if (was === undefined || was.lastSeen === node.lastSeen) continue;
-        await this.cameBack(node.name, now);
-        await this.wentOut(node.name, reading.outOfTouchForS, now);
+        crossed(node.name, before, lastSeen, cameBack(node.name), wentOut(node.name, reading.outOfTouchForS));
       } else if (before === reading.liveness) {
         continue;
       } else if (reading.liveness === "out_of_touch") {
-        await this.wentOut(node.name, reading.outOfTouchForS, now);
+        crossed(node.name, before, lastSeen, wentOut(node.name, reading.outOfTouchForS));
       } else if (reading.liveness === "here" && before === "out_of_touch") {
-        await this.cameBack(node.name, now);
+        crossed(node.name, before, lastSeen, cameBack(node.name));
       }
+    }
+    if (crossings.length === 0) return;
+    // One transaction for the whole look: a fleet that went out of touch together (the broker was away) is a few
+    // statements, where a commit per crossing held the store from the reports coming in behind it.
+    const at = now.toISOString();
+    try {
+      await this.store.events.recordMany(
+        crossings.map(({ kind, node, detail }) => ({ at, kind, node, epoch: null, detail })),
+      );
+    } catch (error) {
+      // Not in the audit trail, so not known: the next look finds the same crossings and tells them.
+      for (const [node, stood] of stoodBefore) {
+        if (stood === undefined) this.known.delete(node);
+        else this.known.set(node, stood);
+      }
+      throw error;
+    }
+    for (const { kind, node, detail } of crossings) {
+      if (kind === "node.out_of_touch") this.log.warn(kind, { node, ...detail });
+      else this.log.info(kind, { node });
     }
   }
 
@@ -83,29 +115,25 @@ export class LivenessWatch {
     return between.liveness === "out_of_touch" ? (between.outOfTouchForS ?? undefined) : undefined;
   }
 
-  private async wentOut(node: string, silentForS: number | null, now: Date): Promise<void> {
-    this.log.warn("node.out_of_touch", { node, silent_for_s: silentForS });
-    await this.record("node.out_of_touch", node, { silent_for_s: silentForS }, now);
-  }
-
-  private async cameBack(node: string, now: Date): Promise<void> {
-    this.log.info("node.back_in_touch", { node });
-    await this.record("node.back_in_touch", node, {}, now);
-  }
-
   private async lastRecorded(): Promise<Map<string, Liveness>> {
     const crossings = await this.store.events.latestCrossings();
     return new Map(
       [...crossings].map(([node, kind]) => [node, kind === "node.out_of_touch" ? "out_of_touch" : "here"]),
     );
   }
+}
 
-  private async record(
-    kind: string,
-    node: string,
-    detail: Record<string, unknown>,
-    now: Date,
-  ): Promise<void> {
-    await this.store.events.record({ at: now.toISOString(), kind, node, epoch: null, detail });
-  }
+/** A crossing of the threshold, as the audit trail keeps it. */
+interface Crossing {
+  kind: "node.out_of_touch" | "node.back_in_touch";
+  node: string;
+  detail: Record<string, unknown>;
+}
+
+function wentOut(node: string, silentForS: number | null): Crossing {
+  return { kind: "node.out_of_touch", node, detail: { silent_for_s: silentForS } };
+}
+
+function cameBack(node: string): Crossing {
+  return { kind: "node.back_in_touch", node, detail: {} };
 }

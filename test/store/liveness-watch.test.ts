@@ -176,5 +176,69 @@ for (const backend of storeBackends) {
         await own.cleanup();
       }
     });
+
+    test("liveness watch — a fleet going out of touch together is kept in one write; crossings not kept are told at the next look", async () => {
+      // A store of its own: these nodes go out of touch, which the other tests' looks would tell as well.
+      const own = await backend.fresh();
+      const fleetStore = await openStore(own.url, { historyLimit: 10 });
+      const flock = ["f1", "f2", "f3"];
+      const writes: number[] = [];
+      let refuseNext = false;
+      // The real store, whose events refuse one write when told to, as a store that went away would.
+      const events = new Proxy(fleetStore.events, {
+        get(target, property, receiver) {
+          if (property !== "recordMany") return Reflect.get(target, property, receiver) as unknown;
+          return async (written: Parameters<Store["events"]["recordMany"]>[0]) => {
+            writes.push(written.length);
+            if (refuseNext) {
+              refuseNext = false;
+              throw new Error("the store refused the write");
+            }
+            await target.recordMany(written);
+          };
+        },
+      });
+      const watched = new Proxy(fleetStore, {
+        get: (target, property, receiver) =>
+          property === "events" ? events : (Reflect.get(target, property, receiver) as unknown),
+      });
+      const watching = new LivenessWatch(
+        watched,
+        createLogger({ write: (line) => lines.push(line), pretty: false }),
+        45_000,
+        () => clock,
+      );
+      const toldOfFlock = () => flock.flatMap((node) => toldOf(node).map(({ event }) => `${node} ${event}`));
+      try {
+        for (const node of flock) await enrolled(fleetStore, node, clock);
+        await fleetStore.nodes.touch(new Map(flock.map((node) => [node, clock.toISOString()])));
+        await watching.check();
+        assert.deepEqual(writes, [], "nobody crossed: nothing written");
+
+        later(60_000);
+        refuseNext = true;
+        await assert.rejects(watching.check(), /the store refused the write/);
+        assert.deepEqual(writes, [3], "the three crossings were one write");
+        assert.deepEqual(toldOfFlock(), [], "nothing told that the audit trail does not hold");
+        assert.equal((await fleetStore.events.latestCrossings()).size, 0);
+
+        await watching.check();
+        assert.deepEqual(writes, [3, 3], "the next look wrote the same three, again in one write");
+        assert.deepEqual(
+          toldOfFlock(),
+          flock.map((node) => `${node} node.out_of_touch`),
+        );
+        assert.deepEqual(
+          [...(await fleetStore.events.latestCrossings())].sort(),
+          flock.map((node) => [node, "node.out_of_touch"]),
+        );
+
+        await watching.check();
+        assert.deepEqual(writes, [3, 3], "told once");
+      } finally {
+        await fleetStore.close();
+        await own.cleanup();
+      }
+    });
   });
 }
