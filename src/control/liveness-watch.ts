@@ -2,8 +2,9 @@
  * Watches liveness and logs each crossing of the out-of-touch threshold once, in each direction. The ordinary case
  * — a node that stays here — is never logged. A node heard again after a silence that crossed the threshold between
  * two checks (or while the control plane was deaf) went out of touch and came back all the same: both are told; so
- * are the return and the going again of one out of touch at both looks but heard between them. A look's crossings
- * go into the audit trail together, and are logged once they are in it.
+ * are the return and the going again of one out of touch at both looks but heard between them, if what was heard
+ * puts it within the threshold of the earlier look (old messages taken late say nothing new). A look's crossings go
+ * into the audit trail together, and are logged once they are in it.
  */
 import type { Logger } from "../log.js";
 import type { HearingRecord, Store } from "../store/index.js";
@@ -13,6 +14,8 @@ import type { Liveness } from "./liveness.js";
 interface Known {
   liveness: Liveness;
   lastSeen: string | null;
+  /** When the look that found it so was made (ms); unknown for where a restarted watch read it stood. */
+  lookedAt?: number;
 }
 
 export class LivenessWatch {
@@ -49,10 +52,15 @@ export class LivenessWatch {
     const crossed = (
       node: string,
       before: Liveness | undefined,
-      lastSeen: string | null,
+      was: Known | undefined,
       ...told: Crossing[]
     ) => {
-      stoodBefore.set(node, before === undefined ? undefined : { liveness: before, lastSeen });
+      stoodBefore.set(
+        node,
+        before === undefined
+          ? undefined
+          : { liveness: before, lastSeen: was?.lastSeen ?? null, lookedAt: was?.lookedAt },
+      );
       crossings.push(...told);
     };
     for (const node of await this.store.nodes.fleet()) {
@@ -60,21 +68,28 @@ export class LivenessWatch {
       const was = this.known.get(node.name);
       const before = was?.liveness ?? recorded.get(node.name);
       const lastSeen = was?.lastSeen ?? null;
-      this.known.set(node.name, { liveness: reading.liveness, lastSeen: node.lastSeen });
+      this.known.set(node.name, {
+        liveness: reading.liveness,
+        lastSeen: node.lastSeen,
+        lookedAt: now.getTime(),
+      });
       if (before === "here" && reading.liveness === "here") {
         const silence = this.silenceCrossed(lastSeen, node.lastSeen, hearing);
         if (silence === undefined) continue;
-        crossed(node.name, before, lastSeen, wentOut(node.name, silence), cameBack(node.name));
+        crossed(node.name, before, was, wentOut(node.name, silence), cameBack(node.name));
       } else if (before === "out_of_touch" && reading.liveness === "out_of_touch") {
-        // Heard since the last look, and silent past the threshold again: it came back and went again.
+        // Heard since the last look, and silent past the threshold again: it came back and went again. Unless what
+        // was heard was past the threshold already at that look (a backlog taken after the broker or this control
+        // plane was away): then it never was back, and telling so at each look would tell a whole fleet twice.
         if (was === undefined || was.lastSeen === node.lastSeen) continue;
-        crossed(node.name, before, lastSeen, cameBack(node.name), wentOut(node.name, reading.outOfTouchForS));
+        if (!this.hereAt(node.lastSeen, was.lookedAt, hearing)) continue;
+        crossed(node.name, before, was, cameBack(node.name), wentOut(node.name, reading.outOfTouchForS));
       } else if (before === reading.liveness) {
         continue;
       } else if (reading.liveness === "out_of_touch") {
-        crossed(node.name, before, lastSeen, wentOut(node.name, reading.outOfTouchForS));
+        crossed(node.name, before, was, wentOut(node.name, reading.outOfTouchForS));
       } else if (reading.liveness === "here" && before === "out_of_touch") {
-        crossed(node.name, before, lastSeen, cameBack(node.name));
+        crossed(node.name, before, was, cameBack(node.name));
       }
     }
     if (crossings.length === 0) return;
@@ -97,6 +112,16 @@ export class LivenessWatch {
       if (kind === "node.out_of_touch") this.log.warn(kind, { node, ...detail });
       else this.log.info(kind, { node });
     }
+  }
+
+  /** Whether a node last heard at `lastSeen` was here at `at` (ms), or at any time when `at` is unknown. */
+  private hereAt(
+    lastSeen: string | null,
+    at: number | undefined,
+    hearing: HearingRecord | undefined,
+  ): boolean {
+    if (at === undefined) return true;
+    return livenessOf(lastSeen, new Date(at), this.outOfTouchAfterMs, hearing).liveness === "here";
   }
 
   /**

@@ -177,6 +177,56 @@ for (const backend of storeBackends) {
       }
     });
 
+    test("liveness watch — a node out of touch whose old messages are taken late is not told back and gone at each look", async () => {
+      // A store of its own: this node goes out of touch, which the other tests' looks would tell as well.
+      const own = await backend.fresh();
+      const lateStore = await openStore(own.url, { historyLimit: 10 });
+      const watching = new LivenessWatch(
+        lateStore,
+        createLogger({ write: (line) => lines.push(line), pretty: false }),
+        45_000,
+        () => clock,
+      );
+      const events = () => toldOf("s1").map(({ event }) => event);
+      try {
+        await enrolled(lateStore, "s1", clock);
+        const spoke = clock;
+        await lateStore.nodes.touch(new Map([["s1", spoke.toISOString()]]));
+        await watching.check();
+        later(60_000);
+        await watching.check();
+        assert.deepEqual(events(), ["node.out_of_touch"]);
+
+        // A backlog from before the outage is taken now: the broker had each message 50 to 58 s before this look,
+        // already past the threshold at the look before it. The node was never back.
+        for (const ago of [58_000, 54_000, 50_000]) {
+          await lateStore.nodes.touch(new Map([["s1", new Date(clock.getTime() - ago).toISOString()]]));
+          later(1000);
+          await watching.check();
+        }
+        assert.deepEqual(events(), ["node.out_of_touch"], "nothing told while its old messages were taken");
+
+        // A message the broker had within the threshold of the last look: the node was back, and went again.
+        await lateStore.nodes.touch(new Map([["s1", new Date(clock.getTime() - 44_000).toISOString()]]));
+        later(2000);
+        await watching.check();
+        assert.deepEqual(events(), ["node.out_of_touch", "node.back_in_touch", "node.out_of_touch"]);
+
+        // Heard just now: back.
+        await lateStore.nodes.touch(new Map([["s1", clock.toISOString()]]));
+        await watching.check();
+        assert.deepEqual(events(), [
+          "node.out_of_touch",
+          "node.back_in_touch",
+          "node.out_of_touch",
+          "node.back_in_touch",
+        ]);
+      } finally {
+        await lateStore.close();
+        await own.cleanup();
+      }
+    });
+
     test("liveness watch — a fleet going out of touch together is kept in one write; crossings not kept are told at the next look", async () => {
       // A store of its own: these nodes go out of touch, which the other tests' looks would tell as well.
       const own = await backend.fresh();
