@@ -18,13 +18,25 @@ for (const backend of storeBackends) {
     let store: Store;
     const lines: string[] = [];
     let clock = new Date("2026-06-01T12:00:00.000Z");
-    const watch = () =>
+    const watchOn = (watched: Store) =>
       new LivenessWatch(
-        store,
+        watched,
         createLogger({ write: (line) => lines.push(line), pretty: false }),
         45_000,
         () => clock,
       );
+    const watch = () => watchOn(store);
+    /** A store of its own, for a test whose nodes would be told by the other tests' looks, or whose hearing would cut short their silences. */
+    const onOwnStore = async (work: (own: Store) => Promise<void>) => {
+      const location = await backend.fresh();
+      const own = await openStore(location.url, { historyLimit: 10 });
+      try {
+        await work(own);
+      } finally {
+        await own.close();
+        await location.cleanup();
+      }
+    };
     /** A watch started afresh (as after a restart) and checked twice: a crossing is told once at most. */
     const checkedTwice = async () => {
       const started = watch();
@@ -137,17 +149,9 @@ for (const backend of storeBackends) {
     });
 
     test("liveness watch — a silence past the threshold only counting time nobody listened is no crossing", async () => {
-      // A store of its own: the hearing written here would cut short the silences of the other tests.
-      const own = await backend.fresh();
-      const deafStore = await openStore(own.url, { historyLimit: 10 });
-      try {
+      await onOwnStore(async (deafStore) => {
         await enrolled(deafStore, "deafened-1", clock);
-        const watching = new LivenessWatch(
-          deafStore,
-          createLogger({ write: (line) => lines.push(line), pretty: false }),
-          45_000,
-          () => clock,
-        );
+        const watching = watchOn(deafStore);
         const start = clock;
         await deafStore.nodes.touch(new Map([["deafened-1", start.toISOString()]]));
         await deafStore.hearing.begin(start.toISOString());
@@ -171,24 +175,13 @@ for (const backend of storeBackends) {
           toldOf("deafened-1").map(({ event }) => event),
           ["node.out_of_touch", "node.back_in_touch"],
         );
-      } finally {
-        await deafStore.close();
-        await own.cleanup();
-      }
+      });
     });
 
     test("liveness watch — a node out of touch whose old messages are taken late is not told back and gone at each look", async () => {
-      // A store of its own: this node goes out of touch, which the other tests' looks would tell as well.
-      const own = await backend.fresh();
-      const lateStore = await openStore(own.url, { historyLimit: 10 });
-      const watching = new LivenessWatch(
-        lateStore,
-        createLogger({ write: (line) => lines.push(line), pretty: false }),
-        45_000,
-        () => clock,
-      );
       const events = () => toldOf("s1").map(({ event }) => event);
-      try {
+      await onOwnStore(async (lateStore) => {
+        const watching = watchOn(lateStore);
         await enrolled(lateStore, "s1", clock);
         const spoke = clock;
         await lateStore.nodes.touch(new Map([["s1", spoke.toISOString()]]));
@@ -221,45 +214,35 @@ for (const backend of storeBackends) {
           "node.out_of_touch",
           "node.back_in_touch",
         ]);
-      } finally {
-        await lateStore.close();
-        await own.cleanup();
-      }
+      });
     });
 
     test("liveness watch — a fleet going out of touch together is kept in one write; crossings not kept are told at the next look", async () => {
-      // A store of its own: these nodes go out of touch, which the other tests' looks would tell as well.
-      const own = await backend.fresh();
-      const fleetStore = await openStore(own.url, { historyLimit: 10 });
-      const flock = ["f1", "f2", "f3"];
-      const writes: number[] = [];
-      let refuseNext = false;
-      // The real store, whose events refuse one write when told to, as a store that went away would.
-      const events = new Proxy(fleetStore.events, {
-        get(target, property, receiver) {
-          if (property !== "recordMany") return Reflect.get(target, property, receiver) as unknown;
-          return async (written: Parameters<Store["events"]["recordMany"]>[0]) => {
-            writes.push(written.length);
-            if (refuseNext) {
-              refuseNext = false;
-              throw new Error("the store refused the write");
-            }
-            await target.recordMany(written);
-          };
-        },
-      });
-      const watched = new Proxy(fleetStore, {
-        get: (target, property, receiver) =>
-          property === "events" ? events : (Reflect.get(target, property, receiver) as unknown),
-      });
-      const watching = new LivenessWatch(
-        watched,
-        createLogger({ write: (line) => lines.push(line), pretty: false }),
-        45_000,
-        () => clock,
-      );
-      const toldOfFlock = () => flock.flatMap((node) => toldOf(node).map(({ event }) => `${node} ${event}`));
-      try {
+      await onOwnStore(async (fleetStore) => {
+        const flock = ["f1", "f2", "f3"];
+        const writes: number[] = [];
+        let refuseNext = false;
+        // The real store, whose events refuse one write when told to, as a store that went away would.
+        const events = new Proxy(fleetStore.events, {
+          get(target, property, receiver) {
+            if (property !== "recordMany") return Reflect.get(target, property, receiver) as unknown;
+            return async (written: Parameters<Store["events"]["recordMany"]>[0]) => {
+              writes.push(written.length);
+              if (refuseNext) {
+                refuseNext = false;
+                throw new Error("the store refused the write");
+              }
+              await target.recordMany(written);
+            };
+          },
+        });
+        const watched = new Proxy(fleetStore, {
+          get: (target, property, receiver) =>
+            property === "events" ? events : (Reflect.get(target, property, receiver) as unknown),
+        });
+        const watching = watchOn(watched);
+        const toldOfFlock = () =>
+          flock.flatMap((node) => toldOf(node).map(({ event }) => `${node} ${event}`));
         for (const node of flock) await enrolled(fleetStore, node, clock);
         await fleetStore.nodes.touch(new Map(flock.map((node) => [node, clock.toISOString()])));
         await watching.check();
@@ -285,10 +268,7 @@ for (const backend of storeBackends) {
 
         await watching.check();
         assert.deepEqual(writes, [3, 3], "told once");
-      } finally {
-        await fleetStore.close();
-        await own.cleanup();
-      }
+      });
     });
   });
 }
