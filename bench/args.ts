@@ -110,9 +110,9 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     aliveEveryMs: whole(values["alive-every"], "--alive-every (seconds)", 1, 3600) * 1000,
     reportsPerNode: whole(values["reports-per-node"], "--reports-per-node", 1, 1000),
     rounds: whole(values.rounds, "--rounds", 1, 100),
+    ingestOrder,
     // One RabbitMQ drain can cost the broker three times another of the same backlog (measured: a plain consumer's
     // 20,000 took 0.8 to 1.9 s of its CPU, most near 1.5 s): a median of three lands on an outlier too often.
-    ingestOrder,
     ingestTrials: whole(values["ingest-trials"] ?? (broker === "amqp" ? "7" : "3"), "--ingest-trials", 1, 20),
     // Pure-JS nkey signing makes a thousand simultaneous connects outlast the server's authentication timeout.
     joinConcurrency: whole(
