@@ -67,14 +67,13 @@ export class LivenessWatch {
       const reading = livenessOf(node.lastSeen, now, this.outOfTouchAfterMs, hearing);
       const was = this.known.get(node.name);
       const before = was?.liveness ?? recorded.get(node.name);
-      const lastSeen = was?.lastSeen ?? null;
       this.known.set(node.name, {
         liveness: reading.liveness,
         lastSeen: node.lastSeen,
         lookedAt: now.getTime(),
       });
       if (before === "here" && reading.liveness === "here") {
-        const silence = this.silenceCrossed(lastSeen, node.lastSeen, hearing);
+        const silence = this.silenceCrossed(was?.lastSeen ?? null, node.lastSeen, hearing);
         if (silence === undefined) continue;
         crossed(node.name, before, was, wentOut(node.name, silence), cameBack(node.name));
       } else if (before === "out_of_touch" && reading.liveness === "out_of_touch") {

@@ -26,7 +26,10 @@ for (const backend of storeBackends) {
         () => clock,
       );
     const watch = () => watchOn(store);
-    /** A store of its own, for a test whose nodes would be told by the other tests' looks, or whose hearing would cut short their silences. */
+    /**
+     * A store of its own, for a test whose nodes the other tests' looks would tell, or whose hearing would cut short
+     * their silences.
+     */
     const onOwnStore = async (work: (own: Store) => Promise<void>) => {
       const location = await backend.fresh();
       const own = await openStore(location.url, { historyLimit: 10 });
