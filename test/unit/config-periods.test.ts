@@ -20,6 +20,18 @@ test("config — liveness is checked every quarter of the threshold, between 250
   assert.equal(options.periods.livenessEveryMs, 500);
 });
 
+test("config — receipts go out every twelfth of the threshold, between 250 ms and 1 s", () => {
+  assert.equal(controlPeriods(45_000).receiptsEveryMs, 1000);
+  assert.equal(controlPeriods(6000).receiptsEveryMs, 500);
+  assert.equal(controlPeriods(1000).receiptsEveryMs, 250);
+  const options = compileMeshOptions({
+    dataDir: join(dir.path, "e"),
+    flags: { out_of_touch_after: "9s" },
+    env: {},
+  });
+  assert.equal(options.periods.receiptsEveryMs, 750);
+});
+
 test("config — the token retention is 7 days unless set", () => {
   const options = compileMeshOptions({ dataDir: join(dir.path, "b"), flags: {}, env: {} });
   assert.equal(options.tokenKeepForMs, 7 * 86_400_000);

@@ -46,7 +46,7 @@ test("config — defaults when nothing is set", () => {
     rabbitmqApi: undefined,
     periods: {
       flushEveryMs: 1000,
-      receiptsEveryMs: 250,
+      receiptsEveryMs: 1000,
       livenessEveryMs: 5000,
       resendAfterMs: 5000,
       tokenLookEveryMs: 1000,
