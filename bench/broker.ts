@@ -27,6 +27,7 @@ import { writeNatsServerConfig } from "../src/bus/nats/server.js";
 import type { HostIdentity } from "../src/host/state.js";
 import { declarationChunk } from "../src/control/declarations.js";
 import { controlQueue, declarationSubject, decodeToken } from "../src/link/index.js";
+import { errorText } from "../src/log.js";
 import { meshCli } from "./mesh.js";
 
 export type BrokerKind = "nats" | "amqp";
@@ -333,9 +334,7 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
   });
   const url = `${rabbitUrl}/${encodeURIComponent(vhost)}`;
   const users = new MeshUsers(vhost);
-  const overview = (await fetch(`${admin.origin}/api/overview`, {
-    headers: { authorization: basic(admin) },
-  }).then((response) => response.json())) as { rabbitmq_version?: string };
+  const overview = (await managementJson(admin, "/api/overview")) as { rabbitmq_version?: string };
   const withAdmin = async <T>(work: (connection: ChannelModel) => Promise<T>): Promise<T> => {
     const connection = await amqp.connect(url);
     try {
@@ -497,9 +496,10 @@ function hardFdLimit(): number {
 /** The broker's file descriptors, as its management API counts them (a few seconds after a start). */
 async function rabbitFds(admin: URL): Promise<{ total: number; free: number }> {
   for (let attempt = 0; ; attempt++) {
-    const [node] = (await fetch(`${admin.origin}/api/nodes`, {
-      headers: { authorization: basic(admin) },
-    }).then((response) => response.json())) as Array<{ fd_total?: number; fd_used?: number }>;
+    const [node] = (await managementJson(admin, "/api/nodes")) as Array<{
+      fd_total?: number;
+      fd_used?: number;
+    }>;
     if (node?.fd_total !== undefined && node.fd_used !== undefined)
       return { total: node.fd_total, free: node.fd_total - node.fd_used };
     if (attempt === 60) throw new Error("RabbitMQ's management API gives no file-descriptor figures");
@@ -574,6 +574,25 @@ function beamPid(): number | undefined {
       }
     });
   return found.length === 1 ? Number(found[0]) : undefined;
+}
+
+/** One answer of RabbitMQ's management API, or an error naming the call and what to check. */
+async function managementJson(admin: URL, path: string): Promise<unknown> {
+  const call = `${admin.origin}${path}`;
+  let response;
+  try {
+    response = await fetch(call, { headers: { authorization: basic(admin) } });
+  } catch (error) {
+    // fetch says only "fetch failed"; what failed (the connection refused, say) is its cause.
+    const cause = error instanceof Error && error.cause !== undefined ? `: ${errorText(error.cause)}` : "";
+    throw new Error(
+      `RabbitMQ's management API did not answer ${call} (${errorText(error)}${cause}): is its plugin enabled? ` +
+        "`bash scripts/services.sh` enables it",
+      { cause: error },
+    );
+  }
+  if (!response.ok) throw new Error(`RabbitMQ's management API answered ${call} with ${response.status}`);
+  return response.json();
 }
 
 function basic(url: URL): string {
