@@ -139,8 +139,8 @@ export class Duties {
     if (this.stopping) return;
     // Hearing first: the stretch of time this control plane listens begins before it consumes anything.
     await this.hearing.start();
-    await this.tokenSweep.start();
-    await this.revocations.sync();
+    this.tokenSweep.start();
+    await this.revocations.start();
     if (this.stopping) return;
     side.bus.onReconnect(() => this.revocations.afterReconnect());
     await side.bus.answerEnrolments((request) => this.enrolments.answer(request));

@@ -4,7 +4,8 @@
  * enrolment they are brought up to date shortly, not at once: the joiner is still reading its answer on the token's
  * connection, and a burst of joins shares one update. That update leaves out every token spent within the grace
  * (the burst's later joiners are still reading too) and brings them in with one more once their grace has passed,
- * and no sooner than one grace after it: a long burst gets one update per grace, not one per join.
+ * and no sooner than one grace after it: a long burst gets one update per grace, not one per join. An update that
+ * fails is logged and made again, each wait twice the last (from the grace, up to 30 s), until one gets through.
  */
 import type { ControlIdentities } from "../bus/index.js";
 import type { Logger } from "../log.js";
@@ -24,18 +25,54 @@ export interface RevocationSyncSettings {
   debounceMs: number;
 }
 
+/** The longest wait before an update that failed is made again. */
+const retryAtMostMs = 30_000;
+
 export class RevocationSync {
   private timer: NodeJS.Timeout | undefined;
   /** Updates run one after another; a failure is logged and the next runs all the same. */
   private running: Promise<void> = Promise.resolve();
   private stopped = false;
+  /** The wait before a failed update is made again: from `debounceMs`, doubled at each failure in a row. */
+  private retryMs: number;
 
-  constructor(private readonly settings: RevocationSyncSettings) {}
+  constructor(private readonly settings: RevocationSyncSettings) {
+    this.retryMs = settings.debounceMs;
+  }
+
+  /**
+   * Applies every current revocation as the control plane starts acting. A failure (the broker's API too busy to
+   * answer, a store error) is logged and the update made again later, not thrown: the control plane acts all the
+   * same, and what it must revoke is revoked once the update gets through.
+   */
+  async start(): Promise<void> {
+    await this.attempt(() => this.sync());
+  }
 
   /** Applies every current revocation now, and forgets what the broker kept for retired nodes. */
   async sync(): Promise<void> {
     const { store, now } = this.settings;
     await this.apply(await currentRevocations(store, now()));
+  }
+
+  /** Runs one update; a failure is logged and another update armed. Resolves whether it succeeded. */
+  private async attempt(update: () => Promise<void>): Promise<boolean> {
+    try {
+      await update();
+      this.retryMs = this.settings.debounceMs;
+      return true;
+    } catch (error) {
+      const again = !this.stopped && this.timer === undefined;
+      this.settings.log.error("broker.revocations_not_applied", {
+        error: errorText(error),
+        ...(again ? { again_in_ms: this.retryMs } : {}),
+      });
+      if (again) {
+        this.after(this.retryMs);
+        this.retryMs = Math.min(this.retryMs * 2, retryAtMostMs);
+      }
+      return false;
+    }
   }
 
   private async apply(revoked: Map<string, Date>): Promise<void> {
@@ -49,10 +86,9 @@ export class RevocationSync {
     const { log } = this.settings;
     // A control plane that stopped acting has nothing to bring up to date (and its store may be closed).
     if (this.stopped) return;
-    this.sync().then(
-      () => log.info("broker.reconnected", { revocations: "applied again" }),
-      (error: unknown) => log.error("broker.revocations_not_applied", { error: errorText(error) }),
-    );
+    void this.attempt(() => this.sync()).then((applied) => {
+      if (applied) log.info("broker.reconnected", { revocations: "applied again" });
+    });
   }
 
   /**
@@ -67,11 +103,7 @@ export class RevocationSync {
   private after(ms: number): void {
     this.timer = setTimeout(() => {
       this.timer = undefined;
-      this.running = this.running
-        .then(() => this.syncPastGrace())
-        .catch((error: unknown) =>
-          this.settings.log.error("broker.revocations_not_applied", { error: errorText(error) }),
-        );
+      this.running = this.running.then(() => this.attempt(() => this.syncPastGrace())).then(() => undefined);
     }, ms);
   }
 

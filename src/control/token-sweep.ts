@@ -45,11 +45,14 @@ export class TokenSweep {
 
   constructor(private readonly settings: TokenSweepSettings) {}
 
-  /** Sweeps once now (a failure is the caller's), then at every expiry and every `sweepEveryMs`. */
-  async start(): Promise<void> {
-    if (!this.settings.identities.sweepsTokens) return;
-    await this.sweep();
-    if (this.stopped) return;
+  /**
+   * Sweeps once now, then at every expiry and every `sweepEveryMs`. A sweep that fails is logged and the next is
+   * made on time, the first too: a broker's API too busy to answer at a start (deleting thousands of spent tokens'
+   * accounts after a large enrolment) must not stop the control plane from acting.
+   */
+  start(): void {
+    if (!this.settings.identities.sweepsTokens || this.stopped) return;
+    this.run("tokens.sweep", () => this.sweep());
     const { sweepEveryMs, lookEveryMs } = this.settings;
     this.intervals.push(
       setInterval(() => this.run("tokens.sweep", () => this.sweep()), sweepEveryMs),
@@ -102,7 +105,7 @@ export class TokenSweep {
       if (swept > 0) log.info("tokens.swept", { accounts_deleted: swept });
       await this.arm();
     };
-    // The next sweep runs whatever became of this one; this one's failure is its caller's.
+    // The next sweep runs whatever became of this one; this one's failure is its caller's to log.
     const run = this.sweeping.then(work, work);
     this.sweeping = run;
     return run;

@@ -320,4 +320,57 @@ describe("revocation sync", () => {
     }
     assert.ok((last?.at ?? 0) <= burstEnded + 2 * graceMs);
   });
+
+  test("revocation sync — a start whose update fails is logged, not thrown, and made again, each wait twice the last, until it gets through", async () => {
+    mock.timers.enable({ apis: ["setTimeout"] });
+    await enrolled(store, "r-1", t0);
+    await retireNode(store, "r-1", at(1000));
+    type Line = { event: string; again_in_ms?: number; error?: string };
+    const lines: Line[] = [];
+    let failures = 3;
+    const pushed: string[][] = [];
+    const sync = new RevocationSync({
+      store,
+      identities: {
+        revoke: (revoked) => {
+          if (failures > 0) {
+            failures -= 1;
+            return Promise.reject(new Error("the management API gave no answer within 10000 ms"));
+          }
+          pushed.push([...revoked.keys()].filter((user) => user === "U-r-1"));
+          return Promise.resolve();
+        },
+        forget: () => Promise.resolve(),
+      },
+      log: createLogger({ level: "error", write: (line) => void lines.push(JSON.parse(line) as Line) }),
+      // Days after the other tests here: their tokens have expired, and none is held within a grace.
+      now: () => at(10 * day),
+      debounceMs: 2000,
+    });
+    await sync.start();
+    assert.deepEqual(pushed, [], "the first update failed");
+    const failed = () => lines.filter((line) => line.event === "broker.revocations_not_applied");
+    assert.equal(failed().length, 1);
+    assert.match(failed()[0]?.error ?? "", /no answer within 10000 ms/);
+    for (const [wait, tries] of [
+      [2000, 2],
+      [4000, 3],
+    ] as const) {
+      assert.equal(failed().at(-1)?.again_in_ms, wait);
+      mock.timers.tick(wait - 1);
+      await sync.settled();
+      assert.equal(failed().length, tries - 1, `not made again before ${wait} ms`);
+      mock.timers.tick(1);
+      await sync.settled();
+      assert.equal(failed().length, tries, `made again after ${wait} ms`);
+    }
+    assert.equal(failed().at(-1)?.again_in_ms, 8000);
+    mock.timers.tick(8000);
+    await sync.settled();
+    assert.deepEqual(pushed, [["U-r-1"]], "applied once the broker answered");
+    mock.timers.tick(60_000);
+    await sync.stop();
+    assert.equal(pushed.length, 1, "nothing more once it got through");
+    assert.equal(failed().length, 3);
+  });
 });
