@@ -13,6 +13,7 @@ import { Kvm } from "@nats-io/kv";
 import { leaseBucket } from "../src/bus/nats/lease-kv.js";
 import { parseHolderRecord } from "../src/link/index.js";
 import { connectAsControl, startBenchBroker } from "./broker.js";
+import { once, stopWhenInterrupted } from "./interrupt.js";
 
 export interface FailoverSettings {
   trials: number;
@@ -28,6 +29,8 @@ export interface FailoverTimes {
   expiryToActMs: number[];
   /** The killed holder's lease life left at the kill: no standby may act sooner. */
   killToExpiryMs: number[];
+  /** The broker's name and version, for the results. */
+  broker: string;
 }
 
 export async function runFailover(values: FailoverSettings): Promise<FailoverTimes> {
@@ -51,6 +54,9 @@ export async function runFailover(values: FailoverSettings): Promise<FailoverTim
     exited: Promise<unknown>;
   }
 
+  /** Every controller started, for an interrupt to stop those still running. */
+  const controllers = new Set<Controller>();
+
   function startController(url: string): Controller {
     const child = spawn(process.execPath, [`${root}bin/mesh.js`, "--data", data, "serve", "--broker", url], {
       env,
@@ -69,16 +75,33 @@ export async function runFailover(values: FailoverSettings): Promise<FailoverTim
           resolve({ seenAt: Date.now(), saidAt: Date.parse((JSON.parse(line) as { at: string }).at) });
       });
     });
-    return {
+    const controller: Controller = {
       pid: child.pid ?? 0,
       serving,
       kill: (signal) => child.kill(signal),
       exited: new Promise((resolve) => child.once("exit", resolve)),
     };
+    controllers.add(controller);
+    void controller.exited.then(() => controllers.delete(controller));
+    return controller;
   }
 
   const server = await startBenchBroker("nats", data, dir);
-  const times: FailoverTimes = { killToActMs: [], expiryToActMs: [], killToExpiryMs: [] };
+  const stopServer = once(() => server.stop());
+  const unname = stopWhenInterrupted(async () => {
+    for (const controller of controllers) {
+      controller.kill("SIGTERM");
+      await controller.exited;
+    }
+    await stopServer();
+    rmSync(dir, { recursive: true, force: true });
+  });
+  const times: FailoverTimes = {
+    killToActMs: [],
+    expiryToActMs: [],
+    killToExpiryMs: [],
+    broker: server.version,
+  };
   let nc: NatsConnection | undefined;
   try {
     let holder = startController(server.url);
@@ -115,7 +138,8 @@ export async function runFailover(values: FailoverSettings): Promise<FailoverTim
     await holder.exited;
   } finally {
     await nc?.close();
-    await server.stop();
+    await stopServer();
+    unname();
     rmSync(dir, { recursive: true, force: true });
   }
 

@@ -28,6 +28,7 @@ import { openStore } from "../src/store/index.js";
 import type { BenchOptions, IngestOrder } from "./args.js";
 import { benchParts, BenchUsageError, parseBenchArgs } from "./args.js";
 import { runFailover } from "./failover.js";
+import { handleInterrupts, interrupted, once, stopWhenInterrupted } from "./interrupt.js";
 import type { ServeProcess } from "./mesh.js";
 import type { RoundCpu } from "./mesh.js";
 import {
@@ -89,6 +90,8 @@ const benchItems: DeclaredItem[] = [
   },
 ];
 
+handleInterrupts(say);
+
 let options: BenchOptions;
 try {
   options = parseBenchArgs(process.argv.slice(2));
@@ -136,6 +139,8 @@ if (has("failover")) {
   const f = options.failover;
   say(`failover: ${f.trials} trial(s), lease ${f.ttl}/${f.renew}/${f.margin}`);
   const times = await runFailover({ ...f, log: say });
+  // The failover part runs on a nats-server of its own: named when no other part named the broker.
+  if (meshParts.length === 0) brokerVersion = times.broker;
   const s = spread(times.killToActMs);
   const fromExpiry = spread(times.expiryToActMs);
   const leaseLeft = spread(times.killToExpiryMs);
@@ -194,6 +199,11 @@ if (has("failover")) {
       },
     );
   }
+}
+
+if (interrupted() !== undefined) {
+  // The signal's handler is stopping what the run started, and exits when it has: a cut-short run writes no results.
+  await new Promise<never>(() => undefined);
 }
 
 // In the table's order of parts, whenever each was measured.
@@ -255,9 +265,17 @@ async function benchMesh(): Promise<void> {
   brokerVersion = broker.version;
   // A broker restarted with more file descriptors than the machine gives it is a condition of these figures.
   if (broker.fdLimitRaised !== undefined) extra.rabbitmq_fd_limit_raised_for_the_run = broker.fdLimitRaised;
+  const stopBroker = once(() => broker.stop());
   let serve: ServeProcess = startServe(data, broker.url, profileDir);
   /** The plan part's second control plane, until it has taken over from `serve`. */
   let standby: ServeProcess | undefined;
+  // Interrupted: the processes and the broker; the lab's connections and the store end with this process.
+  const unname = stopWhenInterrupted(async () => {
+    await standby?.stop();
+    await serve.stop();
+    await stopBroker();
+    rmSync(dir, { recursive: true, force: true });
+  });
   await serve.serving;
   const meshOptions = compileMeshOptions({ dataDir: data, flags: {}, env: {} });
   const store = await openStore(meshOptions.storeUrl, { historyLimit: meshOptions.historyLimit });
@@ -959,12 +977,13 @@ async function benchMesh(): Promise<void> {
     ["the store", () => store.close()],
     ["the standby", async () => standby?.stop()],
     ["serve", () => serve.stop()],
-    ["the broker", () => broker.stop()],
+    ["the broker", stopBroker],
   ] as const) {
     await stop().catch((error: unknown) =>
       unstopped.push(`${what}: ${error instanceof Error ? error.message : String(error)}`),
     );
   }
+  unname();
   rmSync(dir, { recursive: true, force: true });
   const stopping = unstopped.length === 0 ? "" : `stopping failed too (${unstopped.join("; ")})`;
   if (failed !== undefined) {

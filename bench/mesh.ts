@@ -133,7 +133,11 @@ export function startServe(
         ? undefined
         : `exited with ${child.exitCode ?? child.signalCode}: ${err.slice(-2000)}`,
     stop: async () => {
-      if (child.exitCode === null && child.signalCode === null) child.kill("SIGTERM");
+      if (child.exitCode === null && child.signalCode === null) {
+        child.kill("SIGTERM");
+        // A serve stopped (SIGSTOP) for a backlog takes the signal only once let go.
+        child.kill("SIGCONT");
+      }
       await exited;
     },
   };
