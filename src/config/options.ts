@@ -60,11 +60,6 @@ export interface ControlPeriods {
    * within the interval after which it sends a report again (a twelfth of the threshold, between 250 ms and 1 s).
    */
   receiptsEveryMs: number;
-  /**
-   * While the control plane is behind its queue, how long after its last receipt a node's next waits: a sixth of the
-   * threshold (7.5 s at 45 s), half the interval after which a node says alive and sends a pending report again.
-   */
-  receiptsHoldWhileBehindMs: number;
   /** How often liveness is checked for crossings: a quarter of the threshold, between 250 ms and 5 s. */
   livenessEveryMs: number;
   /** How long after its latest declaration was issued (or last sent again) a node behind it is sent it again. */
@@ -228,7 +223,6 @@ export function controlPeriods(outOfTouchAfterMs: number): ControlPeriods {
   return {
     flushEveryMs: 1000,
     receiptsEveryMs: Math.min(1000, Math.max(250, outOfTouchAfterMs / 12)),
-    receiptsHoldWhileBehindMs: outOfTouchAfterMs / 6,
     livenessEveryMs: Math.min(5000, Math.max(250, outOfTouchAfterMs / 4)),
     resendAfterMs: 5000,
     tokenLookEveryMs: 1000,

@@ -108,7 +108,6 @@ export class Duties {
       refusals,
       resendAfterMs: periods.resendAfterMs,
       receiptsEveryMs: periods.receiptsEveryMs,
-      receiptsHoldWhileBehindMs: periods.receiptsHoldWhileBehindMs,
       receiptsSent: (count) => settings.metrics.receiptsSent(count),
       storeFailed: (error, handedBack) => this.hearing.storeFailed(error, handedBack),
     });

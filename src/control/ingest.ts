@@ -6,7 +6,6 @@
  * an (epoch, sequence) never sent would otherwise be kept, and the node's genuine next report refused as older.
  */
 import type { ControlBus, ControlDelivery, DeliveryOutcome } from "../bus/index.js";
-import { controlBatchMax } from "../bus/bus.js";
 import type { Receipt, Report } from "../link/index.js";
 import {
   accountOfReport,
@@ -65,23 +64,9 @@ export interface IngestContext {
    * a report of nearly every node, and a node keeps only its newest pending.
    */
   receiptsEveryMs?: number;
-  /**
-   * While the control plane is behind its queue (its batches come full), a node sent a receipt less than this long
-   * ago waits for its next until this has passed (default 0: never). A backlog in the order the fleet sent it holds
-   * each node's reports a turn apart, and a turn of a large fleet outlasts `receiptsEveryMs`: without this every
-   * node is sent a receipt a turn, as many messages again as the backlog's reports. A node's first receipt is never
-   * held, so a roll-out's reports are answered as fast as ever.
-   */
-  receiptsHoldWhileBehindMs?: number;
   /** Told how many receipts each sending holds, as it goes (the control plane's metrics). */
   receiptsSent?: (count: number) => void;
 }
-
-/**
- * How long batches must have come full before the control plane counts as behind its queue and holds receipts back
- * (`receiptsHoldWhileBehindMs`): longer than a roll-out to the largest fleet fills them.
- */
-const behindAfterMs = 5000;
 
 /** A value read from the store, and until when it is taken as still true. */
 interface Remembered<T> {
@@ -111,17 +96,9 @@ export class Ingest {
   private receiptsOnTheirWay: Promise<void> = Promise.resolve();
   /** Receipts of batches written, not sent yet (`receiptsEveryMs`). */
   private readonly unsent = new Answers();
-  /** When receipts were last sent, or all held back (ms, by the context's clock). */
+  /** When receipts were last sent (ms, by the context's clock). */
   private receiptsSentAt = Number.NEGATIVE_INFINITY;
   private receiptTimer: NodeJS.Timeout | undefined;
-  /** When each node was last sent a receipt (ms), while that is within `receiptsHoldWhileBehindMs`. */
-  private readonly receiptAt = new Map<string, number>();
-  /**
-   * Batches coming full, one after another (ms): since when, and the last. One partial batch amid a backlog does not
-   * end the run of them; a receipts period without a full one does.
-   */
-  private fullSince = Number.NEGATIVE_INFINITY;
-  private lastFullAt = Number.NEGATIVE_INFINITY;
   private closed = false;
 
   constructor(private readonly context: IngestContext) {
@@ -154,11 +131,6 @@ export class Ingest {
    */
   async handleBatch(deliveries: readonly ControlDelivery[]): Promise<DeliveryOutcome[]> {
     const batch = new Batch(this.context.now());
-    if (deliveries.length >= controlBatchMax) {
-      const at = batch.at.getTime();
-      if (at - this.lastFullAt > (this.context.receiptsEveryMs ?? 0)) this.fullSince = at;
-      this.lastFullAt = at;
-    }
     try {
       await this.judge(deliveries, batch);
       if (batch.accounts.length + batch.counters.length + batch.events.length > 0) {
@@ -234,24 +206,9 @@ export class Ingest {
     clearTimeout(this.receiptTimer);
     this.receiptTimer = undefined;
     await this.receiptsOnTheirWay;
-    const receipts = this.unsent.drain(this.heldBack());
-    if (this.closed) return;
-    const sentAt = this.context.now().getTime();
-    // A sending that held back all it had counts too: the next is a period later.
-    this.receiptsSentAt = sentAt;
-    // Those held back go at a later sending: the next batch's, or this timer's.
-    if (this.unsent.size > 0 && everyMs > 0) {
-      this.receiptTimer ??= setTimeout(() => {
-        this.receiptTimer = undefined;
-        this.sendReceipts(true).catch((error: unknown) =>
-          this.context.log.error("receipt.not_sent", { error: errorText(error) }),
-        );
-      }, everyMs);
-    }
-    if (receipts.length === 0) return;
-    if ((this.context.receiptsHoldWhileBehindMs ?? 0) > 0) {
-      for (const { node } of receipts) this.receiptAt.set(node, sentAt);
-    }
+    const receipts = this.unsent.drain();
+    if (this.closed || receipts.length === 0) return;
+    this.receiptsSentAt = this.context.now().getTime();
     this.context.receiptsSent?.(receipts.length);
     this.receiptsOnTheirWay = Promise.all(
       receipts.map(({ node, receipt }) => this.context.bus.publishReceipt(node, encodeReceipt(receipt))),
@@ -264,35 +221,6 @@ export class Ingest {
           note: "their nodes send the reports again",
         }),
     );
-  }
-
-  /**
-   * Whether the control plane is behind its queue: its batches have come full for `behindAfterMs` and still do. A
-   * roll-out's reports fill batches for a moment (about a second and a half for 10,000 nodes here), a backlog met at
-   * a start or takeover for as long as it lasts.
-   */
-  private behind(now: number): boolean {
-    return (
-      now - this.lastFullAt <= (this.context.receiptsEveryMs ?? 0) && now - this.fullSince >= behindAfterMs
-    );
-  }
-
-  /**
-   * The nodes whose receipts wait for a later sending: while behind its queue, those sent one within the hold. Forgets
-   * the receipts sent longer ago than the hold, so what is kept here is bounded by the nodes heard within it.
-   */
-  private heldBack(): ReadonlySet<string> {
-    const holdMs = this.context.receiptsHoldWhileBehindMs ?? 0;
-    if (holdMs <= 0) return new Set();
-    const now = this.context.now().getTime();
-    const behind = this.behind(now);
-    const held = new Set<string>();
-    for (const [node, at] of this.receiptAt) {
-      // A clock set back holds no longer than the hold.
-      if (at <= now - holdMs || at > now) this.receiptAt.delete(node);
-      else if (behind) held.add(node);
-    }
-    return held;
   }
 
   /**
@@ -776,15 +704,17 @@ class Answers {
     }
   }
 
-  /** The receipts to send, which are then no longer held here; those of the nodes in `keep` stay. */
-  drain(keep: ReadonlySet<string> = new Set()): Array<{ node: string; receipt: Receipt }> {
-    const receipts: Array<{ node: string; receipt: Receipt }> = [];
-    for (const [node, { newest, last }] of this.byNode) {
-      if (keep.has(node)) continue;
-      receipts.push({ node, receipt: newest });
-      if (last !== newest) receipts.push({ node, receipt: last });
-      this.byNode.delete(node);
-    }
+  /** The receipts to send, which are then no longer held here. */
+  drain(): Array<{ node: string; receipt: Receipt }> {
+    const receipts = [...this.byNode].flatMap(([node, { newest, last }]) =>
+      newest === last
+        ? [{ node, receipt: newest }]
+        : [
+            { node, receipt: newest },
+            { node, receipt: last },
+          ],
+    );
+    this.byNode.clear();
     return receipts;
   }
 }

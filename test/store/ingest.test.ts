@@ -5,7 +5,6 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import type { ControlBus, ControlDelivery } from "../../src/bus/index.js";
-import { controlBatchMax } from "../../src/bus/bus.js";
 import type { IngestContext } from "../../src/control/ingest.js";
 import { Ingest } from "../../src/control/ingest.js";
 import { createLogger } from "../../src/log.js";
@@ -384,62 +383,6 @@ for (const backend of storeBackends) {
         said.some((line) => line.includes('"event":"receipt.not_sent"') && line.includes('"receipts":1')),
         said.join("\n"),
       );
-    });
-
-    test("ingest — behind its queue, a node sent a receipt within the hold waits for its next; a first receipt, or full batches for a moment, never hold one", async () => {
-      for (const node of ["hb1", "hb2", "hb3", "hbf"]) await enrol(node, clock);
-      const sent: string[] = [];
-      const sentBus = busDoing("publishReceipt", (node: string, body: Uint8Array) => {
-        const { report_sequence } = JSON.parse(new TextDecoder().decode(body)) as { report_sequence: number };
-        sent.push(`${node} ${report_sequence}`);
-        return Promise.resolve();
-      });
-      // Periods far longer than the test: what is sent is decided by the clock given, never by a timer.
-      const held = ingestOn(sentBus, { receiptsEveryMs: 60_000, receiptsHoldWhileBehindMs: 150_000 });
-      const start = clock;
-      const at = (seconds: number) => (clock = new Date(start.getTime() + seconds * 1000));
-      const alive = delivery("alive", "hbf", {
-        kind: "alive",
-        node: "hbf",
-        sent_at: clock.toISOString(),
-        holds: { epoch: 0, sequence: 0 },
-      });
-      /** A batch of these reports, filled up to a full one with another node's alives when `full`. */
-      const batch = async (full: boolean, ...reports: Array<[string, number]>) => {
-        const deliveries = reports.map(([node, n]) => delivery("report", node, report(node, n)));
-        while (full && deliveries.length < controlBatchMax) deliveries.push(alive);
-        await held.handleBatch(deliveries);
-        return sent.splice(0).sort();
-      };
-      try {
-        at(0);
-        assert.deepEqual(await batch(true, ["hb1", 1], ["hb2", 1]), ["hb1 1", "hb2 1"], "none sent before");
-        at(60);
-        assert.deepEqual(await batch(true, ["hb1", 2], ["hb3", 1]), ["hb3 1"], "behind: hb1 had one at 0 s");
-        at(120);
-        assert.deepEqual(await batch(true, ["hb2", 2]), [], "hb1 and hb2 had one at 0 s");
-        at(180);
-        assert.deepEqual(
-          await batch(true, ["hb3", 2]),
-          ["hb1 2", "hb2 2"],
-          "their hold has passed; hb3's has not",
-        );
-        // A period without a full batch, then full ones again: not behind until they have come full for a while.
-        at(241);
-        assert.deepEqual(await batch(true, ["hb1", 3]), ["hb1 3", "hb3 2"], "batches full for a moment");
-        at(301);
-        assert.deepEqual(await batch(true, ["hb1", 4]), [], "full since 241 s: behind, and hb1 had one then");
-        // Caught up: a period without a full batch, and nothing is held.
-        at(361.001);
-        assert.deepEqual(await batch(false, ["hb3", 3]), ["hb1 4", "hb3 3"]);
-        // Every report was kept as it came, whatever its receipt waited for.
-        assert.deepEqual(
-          (await store.accounts.history("hb1")).map((a) => a.reportSequence),
-          [4, 3, 2, 1],
-        );
-      } finally {
-        held.close();
-      }
     });
 
     test("ingest — a node behind its latest declaration is sent it again only once it had time to take it", async () => {

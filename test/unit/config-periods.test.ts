@@ -27,11 +27,6 @@ test("config — receipts go out every twelfth of the threshold, between 250 ms 
   assert.equal(periodsWith("e", "9s").receiptsEveryMs, 750);
 });
 
-test("config — behind its queue, the control plane sends a node a receipt at most every sixth of the threshold", () => {
-  assert.equal(controlPeriods(45_000).receiptsHoldWhileBehindMs, 7500);
-  assert.equal(periodsWith("f", "1m").receiptsHoldWhileBehindMs, 10_000);
-});
-
 test("config — the token retention is 7 days unless set", () => {
   const options = compileMeshOptions({ dataDir: join(dir.path, "b"), flags: {}, env: {} });
   assert.equal(options.tokenKeepForMs, 7 * 86_400_000);

@@ -47,7 +47,6 @@ test("config — defaults when nothing is set", () => {
     periods: {
       flushEveryMs: 1000,
       receiptsEveryMs: 1000,
-      receiptsHoldWhileBehindMs: 7500,
       livenessEveryMs: 5000,
       resendAfterMs: 5000,
       tokenLookEveryMs: 1000,
