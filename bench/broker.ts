@@ -28,6 +28,7 @@ import type { HostIdentity } from "../src/host/state.js";
 import { declarationChunk } from "../src/control/declarations.js";
 import { controlQueue, declarationSubject, decodeToken } from "../src/link/index.js";
 import { errorText } from "../src/log.js";
+import { stopWhenInterrupted } from "./interrupt.js";
 import { meshCli } from "./mesh.js";
 
 export type BrokerKind = "nats" | "amqp";
@@ -295,6 +296,7 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
   // larger fleet the bench restarts it with a higher limit for the run, says so, and gives the old one back after.
   let fds = await rabbitFds(admin);
   let fdLimitRaised: { from: number; to: number } | undefined;
+  let unnameRestore = () => false;
   if (fds.free < nodes + 100) {
     // Twice what the fleet needs, within what this process may hand on (its own hard limit: raising that takes a
     // capability this machine's root may lack).
@@ -315,7 +317,13 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
     process.stdout.write(
       `RabbitMQ: restarting it with ${to} file descriptors for this run (it had ${fds.total})\n`,
     );
-    await restartRabbit(admin, to);
+    // Interrupted from here on, the broker gets its own limit back (once the restart under way has ended).
+    const raising = restartRabbit(admin, to);
+    unnameRestore = stopWhenInterrupted(async () => {
+      await raising.catch(() => undefined);
+      await restartRabbit(admin, undefined);
+    });
+    await raising;
     fdLimitRaised = { from: fds.total, to };
     fds = await rabbitFds(admin);
     if (fds.free < nodes + 100)
@@ -343,6 +351,8 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
       await connection.close();
     }
   };
+  // From here the caller names the broker's own stop, which gives the limit back.
+  unnameRestore();
   return {
     kind: "amqp",
     url,

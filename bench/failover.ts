@@ -13,7 +13,7 @@ import { Kvm } from "@nats-io/kv";
 import { leaseBucket } from "../src/bus/nats/lease-kv.js";
 import { parseHolderRecord } from "../src/link/index.js";
 import { connectAsControl, startBenchBroker } from "./broker.js";
-import { once, stopWhenInterrupted } from "./interrupt.js";
+import { interrupted, once, stopWhenInterrupted } from "./interrupt.js";
 
 export interface FailoverSettings {
   trials: number;
@@ -58,6 +58,8 @@ export async function runFailover(values: FailoverSettings): Promise<FailoverTim
   const controllers = new Set<Controller>();
 
   function startController(url: string): Controller {
+    // The interrupt's stop has gone through the controllers already: none is started after it.
+    if (interrupted() !== undefined) throw new Error("failover: interrupted");
     const child = spawn(process.execPath, [`${root}bin/mesh.js`, "--data", data, "serve", "--broker", url], {
       env,
       stdio: ["ignore", "ignore", "pipe"],

@@ -17,7 +17,7 @@ export function once<T>(work: () => Promise<T>): () => Promise<T> {
 }
 
 /** Runs `stop` if the run is interrupted while `stop` is named; returns what un-names it. */
-export function stopWhenInterrupted(stop: () => Promise<void>): () => void {
+export function stopWhenInterrupted(stop: () => Promise<void>): () => boolean {
   stops.add(stop);
   return () => stops.delete(stop);
 }

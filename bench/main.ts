@@ -135,7 +135,8 @@ if (meshParts.length > 0) {
     say(`the run failed part-way (${failure}); the figures measured before it are kept`);
   }
 }
-if (has("failover")) {
+// An interrupted run starts nothing more.
+if (has("failover") && interrupted() === undefined) {
   const f = options.failover;
   say(`failover: ${f.trials} trial(s), lease ${f.ttl}/${f.renew}/${f.margin}`);
   const times = await runFailover({ ...f, log: say });

@@ -37,7 +37,7 @@ export class RevocationSync {
   private retryMs: number;
 
   constructor(private readonly settings: RevocationSyncSettings) {
-    this.retryMs = settings.debounceMs;
+    this.retryMs = Math.min(settings.debounceMs, retryAtMostMs);
   }
 
   /**
@@ -59,7 +59,7 @@ export class RevocationSync {
   private async attempt(update: () => Promise<void>): Promise<boolean> {
     try {
       await update();
-      this.retryMs = this.settings.debounceMs;
+      this.retryMs = Math.min(this.settings.debounceMs, retryAtMostMs);
       return true;
     } catch (error) {
       const again = !this.stopped && this.timer === undefined;

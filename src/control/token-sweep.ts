@@ -100,6 +100,8 @@ export class TokenSweep {
 
   private sweep(): Promise<void> {
     const work = async () => {
+      // One queued behind a sweep the API held may find the control plane stopped: it asks the API nothing more.
+      if (this.stopped) return;
       const { store, identities, log, now, graceMs } = this.settings;
       const swept = await identities.sweepTokens(() => tokensToKeep(store, now(), graceMs));
       if (swept > 0) log.info("tokens.swept", { accounts_deleted: swept });

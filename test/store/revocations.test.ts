@@ -369,8 +369,21 @@ describe("revocation sync", () => {
     await sync.settled();
     assert.deepEqual(pushed, [["U-r-1"]], "applied once the broker answered");
     mock.timers.tick(60_000);
-    await sync.stop();
+    await sync.settled();
     assert.equal(pushed.length, 1, "nothing more once it got through");
     assert.equal(failed().length, 3);
+    // A later failure (after a reconnection) waits the first wait again, and a stop ends the trying.
+    failures = 1;
+    sync.afterReconnect();
+    // Outside the updates' chain: waited for turn by turn (the clock's timers are the test's).
+    for (let turn = 0; failed().length < 4 && turn < 100_000; turn++)
+      await new Promise((resolve) => setImmediate(resolve));
+    assert.equal(failed().length, 4);
+    assert.equal(failed().at(-1)?.again_in_ms, 2000, "the wait starts again from the grace");
+    await sync.stop();
+    mock.timers.tick(60_000);
+    await sync.settled();
+    assert.equal(pushed.length, 1, "nothing tried after the stop");
+    assert.equal(failed().length, 4);
   });
 });
