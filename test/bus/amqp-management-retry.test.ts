@@ -5,54 +5,32 @@
  * answers) for as many calls as a test asks, and forwards the rest.
  */
 import assert from "node:assert/strict";
-import http from "node:http";
-import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
 import { BusError } from "../../src/bus/index.js";
 import { RabbitManagement } from "../../src/bus/amqp/management.js";
-import { rabbitApiUrl } from "../support/rabbit.js";
+import type { ApiProxy } from "../support/rabbit.js";
+import { rabbitApiUrl, startApiProxy } from "../support/rabbit.js";
 
 describe("RabbitMQ management calls the broker failed inside", () => {
   const upstream = new URL(rabbitApiUrl);
-  let server: http.Server;
+  let proxy: ApiProxy | undefined;
   let failNext = 0;
   const seen: string[] = [];
   let viaProxy: string;
 
   before(async () => {
-    server = http.createServer((request, response) => {
+    proxy = await startApiProxy((request, response) => {
       seen.push(`${request.method} ${request.url?.split("?")[0]}`);
-      if (failNext > 0) {
-        failNext -= 1;
-        request.resume();
-        response.writeHead(500, { "content-length": 0 }).end();
-        return;
-      }
-      const forwarded = http.request(
-        {
-          host: upstream.hostname,
-          port: upstream.port,
-          method: request.method,
-          path: request.url,
-          headers: request.headers,
-        },
-        (answer) => {
-          response.writeHead(answer.statusCode ?? 502, answer.headers);
-          answer.pipe(response);
-        },
-      );
-      forwarded.on("error", (error) => response.destroy(error));
-      request.pipe(forwarded);
+      if (failNext <= 0) return false;
+      failNext -= 1;
+      request.resume();
+      response.writeHead(500, { "content-length": 0 }).end();
+      return true;
     });
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-    const port = (server.address() as AddressInfo).port;
-    const url = new URL(rabbitApiUrl);
-    url.host = `127.0.0.1:${port}`;
-    viaProxy = url.toString();
+    viaProxy = proxy.url;
   });
   after(async () => {
-    server.closeAllConnections();
-    await new Promise<void>((resolve) => server.close(() => resolve()));
+    await proxy?.close();
   });
 
   test("management — a call the broker failed inside is made again, and the broker's answer is read", async () => {

@@ -5,60 +5,24 @@
  * it serves, answers a join, logs the sweep that timed out, and sweeps the stale token account once the API answers.
  */
 import assert from "node:assert/strict";
-import http from "node:http";
-import type { AddressInfo, Socket } from "node:net";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { meshHost, mesh } from "../support/cli.js";
 import type { Running } from "../support/processes.js";
 import { eventually, startBin } from "../support/processes.js";
-import type { ScratchVhost } from "../support/rabbit.js";
-import { rabbitApiUrl, scratchVhost } from "../support/rabbit.js";
+import type { ApiProxy, ScratchVhost } from "../support/rabbit.js";
+import { scratchVhost, startApiProxy } from "../support/rabbit.js";
 import { tempDir } from "../support/tmp.js";
 
 describe("mesh serve on RabbitMQ while its management API holds a call", () => {
   const dir = tempDir("mesh-amqp-api-stalled-");
   const data = join(dir.path, "data");
-  const upstream = new URL(rabbitApiUrl);
   let scratch: ScratchVhost | undefined;
-  let server: http.Server | undefined;
+  let proxy: ApiProxy | undefined;
   let serve: Running | undefined;
   /** While set, `GET /api/users` is held unanswered. */
   let holding = true;
-  const held: Socket[] = [];
   let heldCalls = 0;
-
-  /** A proxy in front of the broker's API: forwards every call, but holds the user listing while `holding`. */
-  const startProxy = async (): Promise<string> => {
-    const proxy = http.createServer((request, response) => {
-      if (holding && request.method === "GET" && request.url?.startsWith("/api/users")) {
-        heldCalls += 1;
-        held.push(request.socket);
-        request.resume();
-        return;
-      }
-      const forwarded = http.request(
-        {
-          host: upstream.hostname,
-          port: upstream.port,
-          method: request.method,
-          path: request.url,
-          headers: request.headers,
-        },
-        (answer) => {
-          response.writeHead(answer.statusCode ?? 502, answer.headers);
-          answer.pipe(response);
-        },
-      );
-      forwarded.on("error", (error) => response.destroy(error));
-      request.pipe(forwarded);
-    });
-    server = proxy;
-    await new Promise<void>((resolve) => proxy.listen(0, "127.0.0.1", resolve));
-    const url = new URL(rabbitApiUrl);
-    url.host = `127.0.0.1:${(proxy.address() as AddressInfo).port}`;
-    return url.toString();
-  };
 
   before(async () => {
     scratch = await scratchVhost();
@@ -66,9 +30,7 @@ describe("mesh serve on RabbitMQ while its management API holds a call", () => {
   after(async () => {
     holding = false;
     const code = await serve?.stop();
-    for (const socket of held) socket.destroy();
-    server?.closeAllConnections();
-    await new Promise<void>((resolve) => (server === undefined ? resolve() : server.close(() => resolve())));
+    await proxy?.close();
     await scratch?.drop();
     dir.remove();
     if (serve !== undefined) assert.equal(code, 0, serve.stderr());
@@ -80,7 +42,15 @@ describe("mesh serve on RabbitMQ while its management API holds a call", () => {
     // A token account of this mesh whose token the store does not know: the first sweep's to delete.
     const stale = vhost.users.token("gone-1", "tok_stale00000000");
     await vhost.api.putUser(stale, "stale-secret");
-    const apiUrl = await startProxy();
+    // Every call forwarded but the user listing, held unanswered while `holding`.
+    proxy = await startApiProxy((request) => {
+      if (!holding || request.method !== "GET" || request.url?.startsWith("/api/users") !== true)
+        return false;
+      heldCalls += 1;
+      request.resume();
+      return true;
+    });
+    const apiUrl = proxy.url;
 
     const serving = startBin(
       "mesh",

@@ -4,6 +4,8 @@
  * deleted afterwards with every account the mesh made for it.
  */
 import { randomBytes } from "node:crypto";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import { RabbitManagement } from "../../src/bus/index.js";
 import { MeshUsers } from "../../src/bus/amqp/users.js";
 
@@ -62,4 +64,49 @@ export async function managementGet<T>(path: string): Promise<{ status: number; 
   }
   if (!response.ok) throw new Error(`GET /api${path}: ${response.status} ${await response.text()}`);
   return { status: response.status, body: (await response.json()) as T };
+}
+
+export interface ApiProxy {
+  /** The management API URL through the proxy, with the administrator's credentials. */
+  url: string;
+  /** Ends every connection, answered or held, and stops listening. */
+  close(): Promise<void>;
+}
+
+/**
+ * A proxy in front of the machine's RabbitMQ management API: `intercept` may answer a call itself (or hold it, never
+ * answering) by returning true; every other call is forwarded to the broker and its answer passed back.
+ */
+export async function startApiProxy(
+  intercept: (request: http.IncomingMessage, response: http.ServerResponse) => boolean,
+): Promise<ApiProxy> {
+  const upstream = new URL(rabbitApiUrl);
+  const server = http.createServer((request, response) => {
+    if (intercept(request, response)) return;
+    const forwarded = http.request(
+      {
+        host: upstream.hostname,
+        port: upstream.port,
+        method: request.method,
+        path: request.url,
+        headers: request.headers,
+      },
+      (answer) => {
+        response.writeHead(answer.statusCode ?? 502, answer.headers);
+        answer.pipe(response);
+      },
+    );
+    forwarded.on("error", (error) => response.destroy(error));
+    request.pipe(forwarded);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const url = new URL(rabbitApiUrl);
+  url.host = `127.0.0.1:${(server.address() as AddressInfo).port}`;
+  return {
+    url: url.toString(),
+    close: async () => {
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
 }
