@@ -68,7 +68,20 @@ describe("mesh serve on RabbitMQ while its management API holds a call", () => {
     const running = () => {
       if (serving.child.exitCode !== null) throw new Error(`serve stopped:\n${serving.stderr()}`);
     };
-    return { serving, running, stop };
+    /** Waits for `check` while serve runs, failing at once should it stop. */
+    const whileServing = <T>(what: string, check: () => Promise<T | undefined> | T | undefined) =>
+      eventually(
+        what,
+        () => {
+          running();
+          return check();
+        },
+        { timeoutMs: 120_000, detail: () => serving.stderr() },
+      );
+    /** Waits until the broker no longer knows `user`. */
+    const gone = (what: string, user: string) =>
+      whileServing(what, async () => ((await vhost.api.users()).includes(user) ? undefined : true));
+    return { serving, running, stop, whileServing, gone };
   };
 
   /** A node of the mesh on `data`, joined with a token issued for it. */
@@ -94,36 +107,23 @@ describe("mesh serve on RabbitMQ while its management API holds a call", () => {
     await vhost.api.putUser(stale, "stale-secret");
     holding = true;
     heldCalls = 0;
-    const { serving, running } = serveThroughProxy(t, data);
-    await eventually("serve to act while the sweep's listing is held", () => {
-      running();
-      return /control\.serving/.test(serving.stderr()) && heldCalls > 0 ? true : undefined;
-    });
+    const { serving, running, whileServing, gone } = serveThroughProxy(t, data);
+    await whileServing("serve to act while the sweep's listing is held", () =>
+      /control\.serving/.test(serving.stderr()) && heldCalls > 0 ? true : undefined,
+    );
 
     // It answers a join while the listing is still held.
     await joinNode(data, "edge-1");
 
     // The held listing runs out of time: logged, and the control plane goes on.
-    await eventually(
-      "the held sweep to be logged as failed",
-      () => {
-        running();
-        return /tokens\.sweep\.failed.*no answer within/.test(serving.stderr()) ? true : undefined;
-      },
-      { timeoutMs: 120_000, detail: () => serving.stderr() },
+    await whileServing("the held sweep to be logged as failed", () =>
+      /tokens\.sweep\.failed.*no answer within/.test(serving.stderr()) ? true : undefined,
     );
     assert.ok((await vhost.api.users()).includes(stale), "nothing was swept while the API held the listing");
     assert.doesNotMatch(serving.stderr(), /control plane failed/);
 
     holding = false;
-    await eventually(
-      "a later sweep to delete the stale token account",
-      async () => {
-        running();
-        return (await vhost.api.users()).includes(stale) ? undefined : true;
-      },
-      { timeoutMs: 120_000, detail: () => serving.stderr() },
-    );
+    await gone("a later sweep to delete the stale token account", stale);
     assert.match(serving.stderr(), /tokens\.swept/);
     running();
   });
@@ -133,10 +133,9 @@ describe("mesh serve on RabbitMQ while its management API holds a call", () => {
     const data = join(dir.path, "revoke");
     holding = false;
     const first = serveThroughProxy(t, data);
-    await eventually("the first serve to act", () => {
-      first.running();
-      return /control\.serving/.test(first.serving.stderr()) ? true : undefined;
-    });
+    await first.whileServing("the first serve to act", () =>
+      /control\.serving/.test(first.serving.stderr()) ? true : undefined,
+    );
     const state = await joinNode(data, "edge-2");
     const credential = (
       JSON.parse(readFileSync(join(state, "identity.json"), "utf8")) as {
@@ -156,17 +155,12 @@ describe("mesh serve on RabbitMQ while its management API holds a call", () => {
     await vhost.api.putUser(account, "came-back");
     holding = true;
     heldCalls = 0;
-    const { serving, running } = serveThroughProxy(t, data);
-    await eventually(
-      "the held update to be logged, and the control plane to act all the same",
-      () => {
-        running();
-        return /broker\.revocations_not_applied.*no answer within.*again_in_ms/.test(serving.stderr()) &&
-          /control\.serving/.test(serving.stderr())
-          ? true
-          : undefined;
-      },
-      { timeoutMs: 120_000, detail: () => serving.stderr() },
+    const { serving, running, whileServing, gone } = serveThroughProxy(t, data);
+    await whileServing("the held update to be logged, and the control plane to act all the same", () =>
+      /broker\.revocations_not_applied.*no answer within.*again_in_ms/.test(serving.stderr()) &&
+      /control\.serving/.test(serving.stderr())
+        ? true
+        : undefined,
     );
     assert.ok(
       (await vhost.api.users()).includes(account),
@@ -174,14 +168,7 @@ describe("mesh serve on RabbitMQ while its management API holds a call", () => {
     );
 
     holding = false;
-    await eventually(
-      "the update made again to delete the account",
-      async () => {
-        running();
-        return (await vhost.api.users()).includes(account) ? undefined : true;
-      },
-      { timeoutMs: 120_000, detail: () => serving.stderr() },
-    );
+    await gone("the update made again to delete the account", account);
     assert.doesNotMatch(serving.stderr(), /control plane failed/);
     running();
   });
