@@ -105,16 +105,21 @@ export class Ingest {
     this.refusals = context.refusals ?? new RefusalLedger(context.log);
   }
 
-  private remembered<T>(cache: Map<string, Remembered<T>>, node: string): Remembered<T> | undefined {
+  /** What is remembered of the node at `nowMs` (a batch's time: read once for all its messages). */
+  private remembered<T>(
+    cache: Map<string, Remembered<T>>,
+    node: string,
+    nowMs: number,
+  ): Remembered<T> | undefined {
     const entry = cache.get(node);
     if (entry === undefined) return undefined;
-    if (entry.until > this.context.now().getTime()) return entry;
+    if (entry.until > nowMs) return entry;
     cache.delete(node);
     return undefined;
   }
 
-  private remember<T>(cache: Map<string, Remembered<T>>, node: string, value: T): void {
-    cache.set(node, { value, until: this.context.now().getTime() + (this.context.rememberForMs ?? 5000) });
+  private remember<T>(cache: Map<string, Remembered<T>>, node: string, value: T, nowMs: number): void {
+    cache.set(node, { value, until: nowMs + (this.context.rememberForMs ?? 5000) });
   }
 
   /** One delivery: a batch of one. */
@@ -136,12 +141,12 @@ export class Ingest {
       if (batch.accounts.length + batch.counters.length + batch.events.length > 0) {
         // A node whose report is kept was heard: its last_seen moves with the report, not at the next flush, so a
         // kept report never stands beside a node that reads as never spoken.
-        const heard = new Map(
-          batch.accounts.flatMap(({ node }) => {
-            const at = batch.seen.get(node);
-            return at === undefined ? [] : [[node, new Date(at).toISOString()] as const];
-          }),
-        );
+        // Its time written once per node, however many of its reports the batch holds.
+        const heard = new Map<string, string>();
+        for (const { node } of batch.accounts) {
+          const at = heard.has(node) ? undefined : batch.seen.get(node);
+          if (at !== undefined) heard.set(node, new Date(at).toISOString());
+        }
         await this.context.store.transaction(async (tx) => {
           await tx.accounts.keepMany(batch.accounts);
           await tx.counters.addMany(batch.counters);
@@ -149,7 +154,8 @@ export class Ingest {
           if (heard.size > 0) await tx.nodes.touch(heard);
         });
         // Committed: each node's last account kept is its recovery copy now.
-        for (const account of batch.accounts) this.rememberCopy(account.node, account);
+        const batchMs = batch.at.getTime();
+        for (const account of batch.accounts) this.rememberCopy(account.node, account, batchMs);
       }
       // The two streams are consumed side by side: a batch of either may be the older one.
       for (const [node, spokeAt] of batch.seen) {
@@ -242,7 +248,7 @@ export class Ingest {
 
   /** Decides every delivery of the batch, reading what it needs from the store in a few statements. */
   private async judge(deliveries: readonly ControlDelivery[], batch: Batch): Promise<void> {
-    const records = await this.nodeRecords(deliveries);
+    const records = await this.nodeRecords(deliveries, batch.at.getTime());
     const reports: Array<{ node: string; report: Report; text: string; enrolledAt: string | null }> = [];
     for (const delivery of deliveries) {
       const node = delivery.node;
@@ -307,12 +313,15 @@ export class Ingest {
    * broker at once anyway, and a node enrolling again is forgotten here as it enrols (`forget`), so its reports are
    * ordered by its new enrolment at once.
    */
-  private async nodeRecords(deliveries: readonly ControlDelivery[]): Promise<Map<string, NodeStanding>> {
+  private async nodeRecords(
+    deliveries: readonly ControlDelivery[],
+    nowMs: number,
+  ): Promise<Map<string, NodeStanding>> {
     const records = new Map<string, NodeStanding>();
     const toRead = new Set<string>();
     for (const { node } of deliveries) {
       if (node === undefined || records.has(node)) continue;
-      const known = this.remembered(this.enrolled, node);
+      const known = this.remembered(this.enrolled, node, nowMs);
       if (known === undefined) toRead.add(node);
       else records.set(node, known.value);
     }
@@ -322,7 +331,7 @@ export class Ingest {
       const record = read.get(node);
       if (record === undefined) records.delete(node);
       else records.set(node, record);
-      if (record?.state === "enrolled") this.remember(this.enrolled, node, record);
+      if (record?.state === "enrolled") this.remember(this.enrolled, node, record, nowMs);
       else this.enrolled.delete(node);
     }
     return records;
@@ -371,8 +380,9 @@ export class Ingest {
   private async catchUp(holds: ReadonlyMap<string, { epoch: number; sequence: number }>): Promise<void> {
     if (holds.size === 0) return;
     const latestOf = new Map<string, LatestOrder | undefined>();
+    const lookedAt = this.context.now().getTime();
     for (const node of holds.keys()) {
-      const known = this.remembered(this.latestOrder, node);
+      const known = this.remembered(this.latestOrder, node, lookedAt);
       if (known !== undefined) latestOf.set(node, known.value);
     }
     const toRead = [...holds.keys()].filter((node) => !latestOf.has(node));
@@ -380,7 +390,7 @@ export class Ingest {
       const read = await this.context.store.declarations.latestOrders(toRead);
       for (const node of toRead) {
         latestOf.set(node, read.get(node));
-        this.remember(this.latestOrder, node, read.get(node));
+        this.remember(this.latestOrder, node, read.get(node), lookedAt);
       }
     }
     const now = this.context.now().getTime();
@@ -402,7 +412,10 @@ export class Ingest {
     reports: ReadonlyArray<{ node: string; report: Report; text: string; enrolledAt: string | null }>,
     batch: Batch,
   ): Promise<void> {
-    const copies = await this.recoveryCopies(reports.map(({ node }) => node));
+    const copies = await this.recoveryCopies(
+      reports.map(({ node }) => node),
+      batch.at.getTime(),
+    );
     // A machine that enrolled again starts its report counter anew: accounts from before are not its order.
     const kept = new Map<string, AccountRecord>();
     for (const { node, enrolledAt } of reports) {
@@ -506,11 +519,11 @@ export class Ingest {
   }
 
   /** The recovery copies of these nodes: as kept or read a moment ago, else read (in one statement). */
-  private async recoveryCopies(nodes: readonly string[]): Promise<Map<string, AccountRecord>> {
+  private async recoveryCopies(nodes: readonly string[], nowMs: number): Promise<Map<string, AccountRecord>> {
     const copies = new Map<string, AccountRecord>();
     const toRead = new Set<string>();
     for (const node of nodes) {
-      const known = this.remembered(this.copies, node);
+      const known = this.remembered(this.copies, node, nowMs);
       if (known === undefined) toRead.add(node);
       else if (known.value !== undefined) copies.set(node, known.value);
     }
@@ -519,15 +532,15 @@ export class Ingest {
     for (const node of toRead) {
       const copy = read.get(node);
       if (copy !== undefined) copies.set(node, copy);
-      this.rememberCopy(node, copy);
+      this.rememberCopy(node, copy, nowMs);
     }
     return copies;
   }
 
   /** Holds a node's recovery copy in memory, unless its report is long: what is held stays small per node. */
-  private rememberCopy(node: string, copy: AccountRecord | undefined): void {
+  private rememberCopy(node: string, copy: AccountRecord | undefined, nowMs: number): void {
     if (copy !== undefined && copy.report.length > copyHeldMaxChars) this.copies.delete(node);
-    else this.remember(this.copies, node, copy);
+    else this.remember(this.copies, node, copy, nowMs);
   }
 
   /**

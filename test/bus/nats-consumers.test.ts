@@ -11,15 +11,14 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { connect, jwtAuthenticator } from "@nats-io/transport-node";
 import type { JetStreamManager } from "@nats-io/jetstream";
 import { AckPolicy, DeliverPolicy, jetstreamManager, RetentionPolicy, StorageType } from "@nats-io/jetstream";
-import { Algorithms, encodeUser } from "@nats-io/jwt";
 import type { ControlDelivery, DeliveryOutcome } from "../../src/bus/index.js";
 import type { UserGrant } from "../../src/bus/nats/authority.js";
-import { fastSigner, newUserKey, userJwt } from "../../src/bus/nats/authority.js";
+import { newUserKey, userJwt } from "../../src/bus/nats/authority.js";
 import { aliveStream, controlStream, isNotFound, NatsControlBus } from "../../src/bus/nats/control-bus.js";
 import { controlSubject } from "../../src/link/index.js";
 import { createLogger } from "../../src/log.js";
 import type { OperatorServer } from "../support/nats.js";
-import { startOperatorServer } from "../support/nats.js";
+import { observerCredentials, startOperatorServer } from "../support/nats.js";
 import { eventually } from "../support/processes.js";
 
 const quiet = createLogger({ level: "error" });
@@ -50,15 +49,8 @@ describe("NATS consumers of the control plane", () => {
   const asNode = (node: string) => connectAs({ name: node, role: "node", node });
   /** A test-only identity that may do anything in the account. */
   const observer = async (): Promise<NatsConnection> => {
-    const key = newUserKey();
-    const jwt = await encodeUser(
-      "observer",
-      key.publicKey,
-      fastSigner(operator.authority.account),
-      { pub: { allow: [">"] }, sub: { allow: [">"] } },
-      { algorithm: Algorithms.v2 },
-    );
-    return connectWith(jwt, key.seed);
+    const { jwt, seed } = await observerCredentials(operator.authority);
+    return connectWith(jwt, seed);
   };
   /** A control plane's bus on a connection of its own, with its connection (to cut it as a crash would). */
   const controlBus = async () => {

@@ -5,12 +5,10 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { Algorithms, encodeUser } from "@nats-io/jwt";
 import { connect, jwtAuthenticator, PermissionViolationError } from "@nats-io/transport-node";
 import { pushAccountUpdate } from "../../src/bus/nats/account-update.js";
 import {
   accountJwt,
-  fastSigner,
   loadOrCreateAuthority,
   newUserKey,
   systemUserJwt,
@@ -23,7 +21,7 @@ import { tempDir } from "../support/tmp.js";
 import type { UserGrant } from "../../src/bus/nats/authority.js";
 import { inboxPrefix } from "../../src/link/index.js";
 import type { OperatorServer } from "../support/nats.js";
-import { startOperatorServer } from "../support/nats.js";
+import { observerCredentials, startOperatorServer } from "../support/nats.js";
 
 interface Identity {
   publicKey: string;
@@ -79,15 +77,7 @@ describe("NATS identities from the writers table", () => {
   before(async () => {
     broker = await startOperatorServer();
     control = await connectAs(await mint({ name: "control", role: "control" }));
-    const key = newUserKey();
-    const everything = await encodeUser(
-      "observer",
-      key.publicKey,
-      fastSigner(broker.authority.account),
-      { pub: { allow: [">"] }, sub: { allow: [">"] } },
-      { algorithm: Algorithms.v2 },
-    );
-    observer = await connectAs({ ...key, jwt: everything });
+    observer = await connectAs(await observerCredentials(broker.authority));
   });
   after(async () => {
     for (const nc of open) if (!nc.isClosed()) await nc.close();

@@ -2,9 +2,12 @@
 import { appendFileSync } from "node:fs";
 import { join } from "node:path";
 import type { NatsAuthority } from "../../src/bus/nats/authority.js";
+import { Algorithms, encodeUser } from "@nats-io/jwt";
 import {
   accountJwt,
+  fastSigner,
   loadOrCreateAuthority,
+  newUserKey,
   operatorJwt,
   systemAccountJwt,
 } from "../../src/bus/nats/authority.js";
@@ -51,4 +54,19 @@ export async function startOperatorServer(
       dir.remove();
     },
   };
+}
+
+/** A test-only identity that may publish and subscribe to anything in the mesh account: it sees what reached the broker. */
+export async function observerCredentials(
+  authority: NatsAuthority,
+): Promise<{ jwt: string; seed: string; publicKey: string }> {
+  const key = newUserKey();
+  const jwt = await encodeUser(
+    "observer",
+    key.publicKey,
+    fastSigner(authority.account),
+    { pub: { allow: [">"] }, sub: { allow: [">"] } },
+    { algorithm: Algorithms.v2 },
+  );
+  return { jwt, seed: key.seed, publicKey: key.publicKey };
 }

@@ -11,7 +11,6 @@ import type { ChannelModel, ConfirmChannel, GetMessage } from "amqplib";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { connect, jwtAuthenticator, PermissionViolationError } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { Algorithms, encodeUser } from "@nats-io/jwt";
 import type {
   BrokerAccess,
   ControlIdentities,
@@ -22,7 +21,7 @@ import type {
 } from "../../src/bus/index.js";
 import { openControlSide, openIdentities, openNatsIdentities, openNodeSide } from "../../src/bus/index.js";
 import type { AmqpBrokerIdentities } from "../../src/bus/index.js";
-import { fastSigner, loadOrCreateAuthority, newUserKey, userJwt } from "../../src/bus/nats/authority.js";
+import { loadOrCreateAuthority, newUserKey, userJwt } from "../../src/bus/nats/authority.js";
 import { aliveStream, controlStream } from "../../src/bus/nats/control-bus.js";
 import type { Place, PublishedKind, Role } from "../../src/link/index.js";
 import { controlQueue, inboxPrefix, meshExchange, nodeQueue } from "../../src/link/index.js";
@@ -30,6 +29,7 @@ import { createLogger } from "../../src/log.js";
 import type { Logger } from "../../src/log.js";
 import type { OperatorBroker } from "./operator-broker.js";
 import { startOperatorBroker } from "./operator-broker.js";
+import { observerCredentials } from "./nats.js";
 import type { ScratchVhost } from "./rabbit.js";
 import { scratchVhost } from "./rabbit.js";
 import { tempDir } from "./tmp.js";
@@ -122,15 +122,8 @@ export async function natsTransport(): Promise<Transport> {
   };
   /** A test-only identity that may do anything in the account: it sees what reached the broker. */
   const observer = async () => {
-    const key = newUserKey();
-    const jwt = await encodeUser(
-      "observer",
-      key.publicKey,
-      fastSigner(authority.account),
-      { pub: { allow: [">"] }, sub: { allow: [">"] } },
-      { algorithm: Algorithms.v2 },
-    );
-    return connectWith(jwt, key.seed);
+    const { jwt, seed } = await observerCredentials(authority);
+    return connectWith(jwt, seed);
   };
   let watcher = await observer();
 

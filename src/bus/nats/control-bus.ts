@@ -47,6 +47,7 @@ import type { ControlBus, ControlDelivery, ControlHandler, EnrolAnswer, EnrolReq
 import { controlBatchMax } from "../bus.js";
 import { BusError } from "../errors.js";
 import { AckFloor, DeliveryCount } from "./ack-floor.js";
+import { readAckSubject } from "./ack-subject.js";
 import { askJetStream, noAnswer } from "./connect.js";
 
 export const controlStream = "MESH_CONTROL";
@@ -269,7 +270,7 @@ export class NatsControlBus implements ControlBus {
   ): Promise<"ended" | "lost"> {
     // Handed over by callback rather than iterated: a message costs the client one call instead of an async
     // iterator's step, a share of the drain that is the consumer's own.
-    const arrivals = new Arrivals<JsMsg>();
+    const arrivals = new Arrivals<Taken>();
     const count = new DeliveryCount();
     let lost = false;
     let opened: { name: string; messages: ConsumerMessages; deliveredBefore: number } | undefined;
@@ -286,12 +287,13 @@ export class NatsControlBus implements ControlBus {
         abort_on_missing_resource: true,
         callback: (msg) => {
           if (lost) return;
-          if (!count.arrived(msg.info.deliverySequence)) {
+          const one = readDelivery(msg);
+          if (!count.arrived(one.deliverySequence)) {
             lost = true;
             arrivals.end();
             return;
           }
-          arrivals.push(msg);
+          arrivals.push(one);
         },
       });
       opened = { name, messages, deliveredBefore };
@@ -314,7 +316,7 @@ export class NatsControlBus implements ControlBus {
         arrivals.end();
       },
     );
-    const floor = new AckFloor<JsMsg>();
+    const floor = new AckFloor<Taken>();
     const jsm = await this.jsm();
     // Messages handed back may be pushed out of the stream meanwhile: asked after every so often, whether batches
     // come or not (held acknowledgements may have stopped the broker offering more).
@@ -330,12 +332,12 @@ export class NatsControlBus implements ControlBus {
     try {
       for await (const batch of arrivals.batches(controlBatchMax)) {
         // Offered to an earlier consumer up to `deliveredBefore`: such a message is offered again.
-        const outcomes = await handle(batch.map((msg) => deliveryOf(msg, kind, msg.seq <= deliveredBefore)));
+        const outcomes = await handle(batch.map((one) => deliveryOf(one, kind, one.seq <= deliveredBefore)));
         // Once a delivery is lost, nothing more is acknowledged through this consumer: it is given up.
         if (lost) break;
         const { acknowledge, handBack } = floor.settle(batch, outcomes, Date.now());
-        for (const msg of handBack) msg.nak(handBackDelayMs);
-        acknowledge?.ack();
+        for (const { msg } of handBack) msg.nak(handBackDelayMs);
+        acknowledge?.msg.ack();
       }
     } finally {
       clearInterval(check);
@@ -383,7 +385,7 @@ export class NatsControlBus implements ControlBus {
    * Tells the floor which of its messages owed the broker no longer holds. A question the broker does not answer
    * leaves them owed until the next check: the acknowledgements wait, nothing is lost.
    */
-  private async forgetGone(jsm: JetStreamManager, stream: string, floor: AckFloor<JsMsg>): Promise<void> {
+  private async forgetGone(jsm: JetStreamManager, stream: string, floor: AckFloor<Taken>): Promise<void> {
     const gone: number[] = [];
     try {
       for (const seq of floor.owedLongerThan(2 * handBackDelayMs, Date.now())) {
@@ -392,7 +394,7 @@ export class NatsControlBus implements ControlBus {
     } catch (error) {
       this.log.warn("control.owed_check_failed", { stream, owed: floor.owing, error: errorText(error) });
     }
-    floor.gone(gone)?.ack();
+    floor.gone(gone)?.msg.ack();
   }
 
   /**
@@ -419,7 +421,7 @@ export class NatsControlBus implements ControlBus {
       for await (const msg of await consumer.fetch({ max_messages: controlBatchMax, expires: 1000 }))
         batch.push(msg);
       if (batch.length === 0) continue;
-      const outcomes = await handle(batch.map((msg) => deliveryOf(msg, kind, msg.redelivered)));
+      const outcomes = await handle(batch.map((msg) => deliveryOf(readDelivery(msg), kind, false)));
       batch.forEach((msg, i) => {
         if (outcomes[i] === "done") msg.ack();
         else msg.nak(handBackDelayMs);
@@ -603,14 +605,52 @@ async function consumersOf(jsm: JetStreamManager, stream: string): Promise<Consu
 }
 
 /** A message of the control streams as the control plane takes it. */
-function deliveryOf(msg: JsMsg, kind: ControlDelivery["kind"], offeredBefore: boolean): ControlDelivery {
+/** A message as the consumer took it: its place in the stream and its delivery, read once. */
+interface Taken {
+  msg: JsMsg;
+  /** The stream sequence. */
+  seq: number;
+  deliverySequence: number;
+  redelivered: boolean;
+  /** When the stream took it, in ms since the epoch. */
+  storedAtMs: number;
+}
+
+/**
+ * Reads a message's delivery off its reply subject (the client's message has it, though its type does not say so);
+ * the client reads one of no known layout, and says why.
+ */
+function readDelivery(msg: JsMsg): Taken {
+  const { reply } = msg as { reply?: unknown };
+  const read = typeof reply === "string" ? readAckSubject(reply) : undefined;
+  if (read !== undefined) {
+    return {
+      msg,
+      seq: read.streamSequence,
+      deliverySequence: read.deliverySequence,
+      redelivered: read.deliveryCount > 1,
+      storedAtMs: read.storedAtMs,
+    };
+  }
+  const { info } = msg;
+  return {
+    msg,
+    seq: info.streamSequence,
+    deliverySequence: info.deliverySequence,
+    redelivered: info.redelivered,
+    storedAtMs: msg.time.getTime(),
+  };
+}
+
+function deliveryOf(one: Taken, kind: ControlDelivery["kind"], offeredBefore: boolean): ControlDelivery {
+  const { msg } = one;
   const read = readControlSubject(msg.subject);
   return {
     // The subject says what it is (a stream from an older layout may still hold both kinds).
     kind: read?.kind === "report" || read?.kind === "alive" ? read.kind : kind,
     node: read?.node,
     body: msg.data,
-    redelivered: offeredBefore || msg.redelivered,
-    receivedAt: msg.time,
+    redelivered: offeredBefore || one.redelivered,
+    receivedAt: new Date(one.storedAtMs),
   };
 }
