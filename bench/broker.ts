@@ -479,12 +479,26 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
       };
     },
     stop: async () => {
-      // In bulk: one call per user took minutes at 9,800 nodes.
-      await api.deleteUsers((await api.users()).filter((user) => user.startsWith(`${users.prefix}.`)));
-      await api.deleteVhost(vhost);
+      // Each step taken whatever the one before it did: a user deletion that the broker, busy with 9,800
+      // connections, did not answer in time (an interrupted run) once left the vhost behind and the broker on the
+      // run's descriptor limit.
+      const failures: unknown[] = [];
+      const step = (work: () => Promise<unknown>) =>
+        work().catch((error: unknown) => {
+          failures.push(error);
+        });
       if (fdLimitRaised !== undefined) {
+        // First: the restart drops every connection, so the deletions after it close none and take seconds.
         process.stdout.write(`RabbitMQ: restarting it with its own ${fdLimitRaised.from} file descriptors\n`);
-        await restartRabbit(admin, undefined);
+        await step(() => restartRabbit(admin, undefined));
+      }
+      await step(() => api.deleteVhost(vhost));
+      // In bulk: one call per user took minutes at 9,800 nodes.
+      await step(async () =>
+        api.deleteUsers((await api.users()).filter((user) => user.startsWith(`${users.prefix}.`))),
+      );
+      if (failures.length > 0) {
+        throw new Error(`cleaning up after the run: ${failures.map((error) => errorText(error)).join("; ")}`);
       }
     },
   };
