@@ -484,19 +484,37 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
       // run's descriptor limit.
       const failures: unknown[] = [];
       const step = (work: () => Promise<unknown>) =>
-        work().catch((error: unknown) => {
-          failures.push(error);
-        });
-      if (fdLimitRaised !== undefined) {
-        // First: the restart drops every connection, so the deletions after it close none and take seconds.
-        process.stdout.write(`RabbitMQ: restarting it with its own ${fdLimitRaised.from} file descriptors\n`);
-        await step(() => restartRabbit(admin, undefined));
-      }
-      await step(() => api.deleteVhost(vhost));
+        work().then(
+          () => true,
+          (error: unknown) => {
+            failures.push(error);
+            return false;
+          },
+        );
+      // The vhost first: deleting it closes the nodes' connections at once, which deleting their users would
+      // otherwise close one by one.
+      const vhostGone = await step(() => api.deleteVhost(vhost));
       // In bulk: one call per user took minutes at 9,800 nodes.
       await step(async () =>
         api.deleteUsers((await api.users()).filter((user) => user.startsWith(`${users.prefix}.`))),
       );
+      if (fdLimitRaised !== undefined) {
+        if (vhostGone) {
+          process.stdout.write(
+            `RabbitMQ: restarting it with its own ${fdLimitRaised.from} file descriptors\n`,
+          );
+          await step(() => restartRabbit(admin, undefined));
+        } else {
+          // A broker starts by recovering every queue, a descriptor each: with its own limit, below the fleet's
+          // queues, it would hang there.
+          failures.push(
+            new Error(
+              `RabbitMQ is left with ${fdLimitRaised.to} file descriptors: ${vhost} is still there, and its ` +
+                `queues would not all open again with ${fdLimitRaised.from}; delete the vhost, then restart it`,
+            ),
+          );
+        }
+      }
       if (failures.length > 0) {
         throw new Error(`cleaning up after the run: ${failures.map((error) => errorText(error)).join("; ")}`);
       }
