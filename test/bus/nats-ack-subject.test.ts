@@ -86,6 +86,15 @@ describe("NATS — a delivery read off its reply subject", () => {
       readAckSubject("$JS.ACK.hub.ACCOUNTHASH.REPORTS.control-1.1.9.8.1764990000987654321.0.a1b2c3"),
       { deliveryCount: 1, streamSequence: 9, deliverySequence: 8, storedAtMs: 1764990000987 },
     );
+    // Times at a millisecond's edge, where adding up nineteen digits one by one lands a millisecond away from the
+    // client's reading (the nearest double, then floored).
+    for (const nanos of ["1764901042532999836", "1764972124414999910", "1764967726576999823"]) {
+      assert.equal(
+        readAckSubject(`$JS.ACK.REPORTS.control-1.1.5.5.${nanos}.0`)?.storedAtMs,
+        Math.floor(Number.parseInt(nanos, 10) / 1_000_000),
+        nanos,
+      );
+    }
     for (const subject of [
       "",
       "_INBOX.abc.def",

@@ -604,7 +604,6 @@ async function consumersOf(jsm: JetStreamManager, stream: string): Promise<Consu
   return all;
 }
 
-/** A message of the control streams as the control plane takes it. */
 /** A message as the consumer took it: its place in the stream and its delivery, read once. */
 interface Taken {
   msg: JsMsg;
@@ -642,6 +641,7 @@ function readDelivery(msg: JsMsg): Taken {
   };
 }
 
+/** A message of the control streams as the control plane takes it. */
 function deliveryOf(one: Taken, kind: ControlDelivery["kind"], offeredBefore: boolean): ControlDelivery {
   const { msg } = one;
   const read = readControlSubject(msg.subject);
