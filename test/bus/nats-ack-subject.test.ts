@@ -9,7 +9,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { connect, jwtAuthenticator } from "@nats-io/transport-node";
 import type { JsMsg } from "@nats-io/jetstream";
 import { AckPolicy, jetstream, jetstreamManager, StorageType } from "@nats-io/jetstream";
-import { readAckSubject } from "../../src/bus/nats/ack-subject.js";
+import { readAckSubject, replyOf } from "../../src/bus/nats/ack-subject.js";
 import type { OperatorServer } from "../support/nats.js";
 import { observerCredentials, startOperatorServer } from "../support/nats.js";
 
@@ -23,10 +23,10 @@ function clientReading(msg: JsMsg) {
   };
 }
 
-function replyOf(msg: JsMsg): string {
-  const { reply } = msg as { reply?: unknown };
-  assert.equal(typeof reply, "string", "the client's message has its reply subject");
-  return reply as string;
+function replyText(msg: JsMsg): string {
+  const reply = replyOf(msg);
+  assert.ok(reply !== undefined, "the client's message has its reply subject");
+  return reply;
 }
 
 describe("NATS — a delivery read off its reply subject", () => {
@@ -58,7 +58,7 @@ describe("NATS — a delivery read off its reply subject", () => {
     const take = async (count: number, settle: (msg: JsMsg) => void) => {
       const messages = await consumer.fetch({ max_messages: count, expires: 10_000 });
       for await (const msg of messages) {
-        readings.push({ reply: replyOf(msg), client: clientReading(msg) });
+        readings.push({ reply: replyText(msg), client: clientReading(msg) });
         settle(msg);
       }
     };

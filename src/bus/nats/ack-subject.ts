@@ -19,6 +19,12 @@ export interface AckSubject {
   storedAtMs: number;
 }
 
+/** A JetStream message's reply subject: the client's message has it, though its type does not say so. */
+export function replyOf(msg: object): string | undefined {
+  const { reply } = msg as { reply?: unknown };
+  return typeof reply === "string" ? reply : undefined;
+}
+
 const prefix = "$JS.ACK.";
 const dot = 46;
 const zero = 48;

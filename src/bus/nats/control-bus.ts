@@ -47,7 +47,7 @@ import type { ControlBus, ControlDelivery, ControlHandler, EnrolAnswer, EnrolReq
 import { controlBatchMax } from "../bus.js";
 import { BusError } from "../errors.js";
 import { AckFloor, DeliveryCount } from "./ack-floor.js";
-import { readAckSubject } from "./ack-subject.js";
+import { readAckSubject, replyOf } from "./ack-subject.js";
 import { askJetStream, noAnswer } from "./connect.js";
 
 export const controlStream = "MESH_CONTROL";
@@ -615,13 +615,10 @@ interface Taken {
   storedAtMs: number;
 }
 
-/**
- * Reads a message's delivery off its reply subject (the client's message has it, though its type does not say so);
- * the client reads one of no known layout, and says why.
- */
+/** Reads a message's delivery off its reply subject; the client reads one of no known layout, and says why. */
 function readDelivery(msg: JsMsg): Taken {
-  const { reply } = msg as { reply?: unknown };
-  const read = typeof reply === "string" ? readAckSubject(reply) : undefined;
+  const reply = replyOf(msg);
+  const read = reply === undefined ? undefined : readAckSubject(reply);
   if (read !== undefined) {
     return {
       msg,
