@@ -107,11 +107,6 @@ export class RabbitManagement {
     });
   }
 
-  /** Whether the vhost exists: a deletion the broker went on with after its call ended is over once it does not. */
-  async vhostExists(vhost: string): Promise<boolean> {
-    return this.call("GET", `/vhosts/${enc(vhost)}`, undefined, { missingIsFine: true });
-  }
-
   /** Creates the user or sets its password; no tags, so it cannot use the management API itself. */
   async putUser(user: string, password: string): Promise<void> {
     await this.call("PUT", `/users/${enc(user)}`, { password, tags: "" });
