@@ -495,7 +495,7 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
         );
       // The vhost first: deleting it closes the nodes' connections at once, which deleting their users would
       // otherwise close one by one.
-      const vhostGone = await step(() => deleteVhostWaiting(api, vhost));
+      const vhostGone = await step(() => deleteVhostAskingAgain(api, vhost));
       // In bulk: one call per user took minutes at 9,800 nodes.
       await step(async () =>
         api.deleteUsers((await api.users()).filter((user) => user.startsWith(`${users.prefix}.`))),
@@ -533,7 +533,7 @@ async function startRabbit(nodes: number): Promise<BenchBroker> {
 const vhostGoneWithinMs = 40 * 60_000;
 
 /** Deletes the vhost, asking again every half minute while the calls end without an answer. */
-async function deleteVhostWaiting(api: RabbitManagement, vhost: string): Promise<void> {
+async function deleteVhostAskingAgain(api: RabbitManagement, vhost: string): Promise<void> {
   const startedAt = Date.now();
   for (;;) {
     try {
