@@ -105,7 +105,7 @@ export function planMeshFigures(
       would_send: change.wouldSend,
       items_change: change.itemsChange,
       sent: change.sent,
-      declaration_sent_events: change.events,
+      sent_in_audit_trail: change.events,
       sequences_moved: change.sequencesMoved,
       applied_by_nodes_not_sent: change.appliedElsewhere,
       apply_ms: change.applyMs,
@@ -116,7 +116,7 @@ export function planMeshFigures(
       takeover_ms: failover.takeoverMs,
       first_rolled_out: failover.rolledOut ?? null,
       plan_sent_epoch: failover.sentEpoch ?? null,
-      declaration_sent_events: failover.events,
+      sent_in_audit_trail: failover.events,
       sequences_moved: failover.sequencesMoved,
     },
     mismatches: m.mismatches,
@@ -198,7 +198,7 @@ export function planMeshFigures(
       baseline: { value: change.wouldSend, what: "nodes affected" },
       target: "= affected",
       note:
-        `${loud(changeBad)}declaration.sent events ${change.events}, sequences moved ${change.sequencesMoved}, ` +
+        `${loud(changeBad)}sent in the audit trail ${change.events}, sequences moved ${change.sequencesMoved}, ` +
         `applied by nodes not sent ${change.appliedElsewhere}`,
     },
     {
@@ -226,7 +226,7 @@ export function planMeshFigures(
       note:
         `${loud(failoverBad)}epoch ${failover.epochs[0]} → ${failover.epochs[1]} (SIGTERM, ` +
         `${failover.takeoverMs.toFixed(0)} ms); first plan.rolled_out sent ${failover.rolledOut?.sent ?? "none"}, ` +
-        `events ${failover.events}, sequences moved ${failover.sequencesMoved}`,
+        `in the audit trail ${failover.events}, sequences moved ${failover.sequencesMoved}`,
     },
   ];
   return { figures, json };

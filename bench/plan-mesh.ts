@@ -10,6 +10,7 @@ import { allot } from "../src/control/allot.js";
 import type { Spread } from "../src/lab/figures.js";
 import { spread } from "../src/lab/figures.js";
 import type { Store } from "../src/store/index.js";
+import { declarationsSentIn, declarationsSentKind } from "../src/store/index.js";
 import type { ServeProcess } from "./mesh.js";
 import { runMesh, runMeshTimed } from "./mesh.js";
 import { benchFleet, benchPlan, changedUnit } from "./plan.js";
@@ -236,7 +237,7 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
   };
   say(
     `plan: ${changedUnit} changed — placed on ${placed}, diff would_send ${diff.would_send} ` +
-      `(${diff.nodes.length} nodes' items change), apply sent ${counts.sent}, declaration.sent events ` +
+      `(${diff.nodes.length} nodes' items change), apply sent ${counts.sent}, sent in the audit trail ` +
       `${counts.events}, sequences moved ${counts.sequencesMoved}; applied by nodes not sent: ${appliedElsewhere}`,
   );
   if (new Set(Object.values(counts)).size !== 1)
@@ -271,7 +272,7 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
   say(
     `plan: failover epoch ${from} → ${to} in ${takeoverMs.toFixed(0)} ms; first plan.rolled_out sent ` +
       `${rolledOut?.sent ?? "?"} (unchanged ${rolledOut?.unchanged ?? "?"}); plan sent mark at epoch ` +
-      `${sentMark?.epoch ?? "none"}; after ${settings.settleMs / 1000} s: declaration.sent events of epoch ${to}: ` +
+      `${sentMark?.epoch ?? "none"}; after ${settings.settleMs / 1000} s: sent in the audit trail under epoch ${to}: ` +
       `${byNewEpoch.length}, sequences moved ${movedAfter.length}`,
   );
   if (to <= from) mismatches.push(`failover: the new control plane acts at epoch ${to}, not above ${from}`);
@@ -279,7 +280,7 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
     mismatches.push(`failover: the plan's sent mark is at epoch ${sentMark?.epoch ?? "none"}, not ${to}`);
   if ((rolledOut?.sent ?? 0) + byNewEpoch.length + movedAfter.length > 0)
     mismatches.push(
-      `failover: the new epoch sent declarations (rolled_out ${rolledOut?.sent ?? 0}, events ` +
+      `failover: the new epoch sent declarations (rolled_out ${rolledOut?.sent ?? 0}, audit trail ` +
         `${byNewEpoch.length}, sequences moved ${movedAfter.length}); expected none`,
     );
   for (const mismatch of mismatches) say(`plan: MISMATCH — ${mismatch}`);
@@ -368,13 +369,18 @@ async function newestEventId(store: Store): Promise<number> {
   return (await store.events.list({ limit: 1 }))[0]?.id ?? 0;
 }
 
-/** The `declaration.sent` events recorded after event `afterId`: read back from the newest until past it. */
+/**
+ * The sendings the audit trail recorded after event `afterId` (each roll-out chunk's `declarations.sent` event names
+ * its nodes), with the epoch each was sent under: read back from the newest until past it.
+ */
 async function declarationsSentSince(store: Store, afterId: number) {
   for (let limit = 1_000; ; limit *= 4) {
     const events = await store.events.list({ limit });
     const oldest = events[0];
     if (events.length < limit || oldest === undefined || oldest.id <= afterId)
-      return events.filter((event) => event.id > afterId && event.kind === "declaration.sent");
+      return events
+        .filter((event) => event.id > afterId && event.kind === declarationsSentKind)
+        .flatMap((event) => declarationsSentIn(event).map((sent) => ({ ...sent, epoch: event.epoch })));
   }
 }
 

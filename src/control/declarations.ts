@@ -16,7 +16,7 @@ import {
 } from "../link/index.js";
 import { errorText } from "../log.js";
 import type { KeptItems, MeshEvent, Store } from "../store/index.js";
-import { keptItems } from "../store/index.js";
+import { declarationsSentEvent, keptItems } from "../store/index.js";
 import { parseOperatorFile } from "./operator-file.js";
 
 /** Reads what an operator declares for nodes (`mesh declare -f FILE`): YAML or JSON, a unit's contents. */
@@ -150,7 +150,7 @@ export async function sendDeclarations(
    * The sending of the chunk sent last, for the audit trail: written in one transaction with the next chunk's
    * declarations (a roll-out's commits halved), or on its own after the last chunk or a failure.
    */
-  let unlogged: MeshEvent[] = [];
+  let unlogged: { event: MeshEvent; nodes: number } | undefined;
   /** The compositions whose items a committed chunk of this roll-out wrote: the later chunks refer to them. */
   const itemsKept = new Set<string>();
   try {
@@ -171,7 +171,7 @@ export async function sendDeclarations(
           `the lease no longer stands at epoch ${epoch} (it moved on, or this command's own lapsed)`,
         );
       }
-      const logging = unlogged;
+      const logging = unlogged === undefined ? [] : [unlogged.event];
       await store.transaction(async (tx) => {
         await tx.declarations.recordMany(
           composed.map(({ node, sequence, target, items, signature }) => ({
@@ -190,27 +190,33 @@ export async function sendDeclarations(
         await tx.events.recordMany(logging);
       });
       for (const { items } of composed) itemsKept.add(items.key);
-      unlogged = [];
+      unlogged = undefined;
       recorded = composed.map(({ node }) => node);
       await context.bus.publishDeclarations(composed.map(({ node, envelope }) => ({ node, envelope })));
       recorded = [];
       for (const { node, sequence, target } of composed)
         sent.push({ node, sequence, epoch, digest: target.digest });
-      unlogged = composed.map(({ node, sequence, target }) => ({
-        at: issuedAt,
-        kind: "declaration.sent",
-        node,
-        epoch,
-        detail: { sequence, digest: target.digest, items: target.items.length },
-      }));
+      unlogged = {
+        event: declarationsSentEvent(
+          issuedAt,
+          epoch,
+          composed.map(({ node, sequence, target }) => ({
+            node,
+            sequence,
+            digest: target.digest,
+            items: target.items.length,
+          })),
+        ),
+        nodes: composed.length,
+      };
     }
-    await store.events.recordMany(unlogged);
+    if (unlogged !== undefined) await store.events.record(unlogged.event);
   } catch (error) {
     // The chunk sent last goes into the audit trail whatever failed after it; should that fail too, both are told.
     const unlogging =
-      unlogged.length === 0
+      unlogged === undefined
         ? undefined
-        : await store.events.recordMany(unlogged).then(
+        : await store.events.record(unlogged.event).then(
             () => undefined,
             (failure: unknown) => failure,
           );
@@ -219,7 +225,7 @@ export async function sendDeclarations(
     throw new DeclaredInPart(
       unlogging === undefined
         ? told
-        : `${told}; the sending of the last ${unlogged.length} is not in the audit trail: ${errorText(unlogging)}`,
+        : `${told}; the sending of the last ${unlogged?.nodes ?? 0} is not in the audit trail: ${errorText(unlogging)}`,
       recorded,
       { cause: error },
     );

@@ -51,6 +51,68 @@ export function newestCrossings(db: Kysely<Database>) {
     );
 }
 
+/**
+ * A roll-out's chunk as the audit trail keeps it: one event (no node of its own) naming each node sent and the
+ * sequence it was sent, by composition. With an event a node, a roll-out to 10,000 nodes wrote 10,000 rows: a
+ * hundred roll-outs filled the retention's million with sendings (the ordinary case), and each wrote into every
+ * node's place in `events_node`. A node's own declarations are its history in `declarations`.
+ */
+export const declarationsSentKind = "declarations.sent";
+
+/** One node's sending, as a `declarations.sent` event names it. */
+export interface SentInChunk {
+  node: string;
+  sequence: number;
+  digest: string;
+  /** How many items the declaration holds. */
+  items: number;
+}
+
+export function declarationsSentEvent(at: string, epoch: number, sent: readonly SentInChunk[]): MeshEvent {
+  const byDigest = new Map<string, { items: number; nodes: Array<[string, number]> }>();
+  for (const { node, sequence, digest, items } of sent) {
+    let group = byDigest.get(digest);
+    if (group === undefined) {
+      group = { items, nodes: [] };
+      byDigest.set(digest, group);
+    }
+    group.nodes.push([node, sequence]);
+  }
+  const digests = Object.fromEntries(
+    [...byDigest].map(([digest, { items, nodes }]) => [digest, { items, nodes: Object.fromEntries(nodes) }]),
+  );
+  return { at, kind: declarationsSentKind, node: null, epoch, detail: { nodes: sent.length, digests } };
+}
+
+const sentDetailSchema = z.strictObject({
+  nodes: z.number().int().nonnegative(),
+  digests: z.record(
+    z.string(),
+    z.strictObject({
+      items: z.number().int().nonnegative(),
+      nodes: z.record(z.string(), z.number().int().positive()),
+    }),
+  ),
+});
+
+/** The sendings a `declarations.sent` event names; anything else, or a detail not of that shape, is refused. */
+export function declarationsSentIn(event: MeshEvent): SentInChunk[] {
+  if (event.kind !== declarationsSentKind) {
+    throw new StoreError(`a ${event.kind} event names no declarations sent`);
+  }
+  const result = sentDetailSchema.safeParse(event.detail);
+  if (!result.success) throw new StoreError(`a ${declarationsSentKind} event's detail is not as written`);
+  const sent = Object.entries(result.data.digests).flatMap(([digest, { items, nodes }]) =>
+    Object.entries(nodes).map(([node, sequence]) => ({ node, sequence, digest, items })),
+  );
+  if (sent.length !== result.data.nodes) {
+    throw new StoreError(
+      `a ${declarationsSentKind} event counts ${result.data.nodes} nodes and names ${sent.length}`,
+    );
+  }
+  return sent;
+}
+
 export class EventQueries {
   constructor(
     private readonly db: Kysely<Database>,
@@ -115,7 +177,10 @@ export class EventQueries {
     });
   }
 
-  /** The newest `limit` events, oldest first, optionally of one node. */
+  /**
+   * The newest `limit` events, oldest first, optionally of one node. A roll-out's sendings are not a node's events:
+   * each chunk's names its nodes in its detail (`declarationsSentIn`).
+   */
   async list(options: { limit: number; node?: string }): Promise<StoredEvent[]> {
     let query = this.db.selectFrom("events").selectAll().orderBy("id", "desc").limit(options.limit);
     if (options.node !== undefined) query = query.where("node", "=", options.node);

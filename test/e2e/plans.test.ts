@@ -18,7 +18,7 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { NatsKvLease } from "../../src/bus/nats/lease-kv.js";
 import { LeaseHolder } from "../../src/lease/holder.js";
 import { createLogger } from "../../src/log.js";
-import { openStore } from "../../src/store/index.js";
+import { declarationsSentKind, openStore } from "../../src/store/index.js";
 import type { Store } from "../../src/store/index.js";
 import { meshHost } from "../support/cli.js";
 import type { Fleet } from "../support/fleets.js";
@@ -281,8 +281,9 @@ describe("plans (nats)", () => {
     // A failover with the plan unchanged: the new control plane composes everything and sends nothing.
     const store = await storeOf(fleet, t);
     const sentBefore = (await store.events.list({ limit: 10_000 })).filter(
-      (e) => e.kind === "declaration.sent",
+      (e) => e.kind === declarationsSentKind,
     );
+    assert.ok(sentBefore.length > 0, "the roll-outs before the failover are in the audit trail");
     const before = await store.plans.sent();
     const child = /"event":"control\.serving","epoch":(\d+)/.exec(fleet.up.stderr())?.[1];
     assert.equal(Number(child), before?.epoch);
@@ -297,7 +298,7 @@ describe("plans (nats)", () => {
     );
     assert.equal(after.revision, before?.revision);
     const sentAfter = (await store.events.list({ limit: 10_000 })).filter(
-      (e) => e.kind === "declaration.sent",
+      (e) => e.kind === declarationsSentKind,
     );
     assert.equal(sentAfter.length, sentBefore.length, "no declaration was sent by the new epoch");
     // Logged once the roll-out has returned, after it marked the revision sent: waited for, not read at once.

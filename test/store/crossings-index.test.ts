@@ -27,8 +27,8 @@ test("crossings — each node's newest crossing is read through events_crossings
       { at, kind: "node.back_in_touch", node: "a-1", epoch: null, detail: {} },
       { at, kind: "node.out_of_touch", node: "b-1", epoch: null, detail: { silent_for_s: 90 } },
       // Newer than b-1's crossing, and not a crossing: it changes nothing.
-      { at, kind: "declaration.sent", node: "b-1", epoch: 1, detail: { sequence: 1 } },
-      { at, kind: "declaration.sent", node: "c-1", epoch: 1, detail: { sequence: 1 } },
+      { at, kind: "node.drift", node: "b-1", epoch: 1, detail: { sequence: 1 } },
+      { at, kind: "node.drift", node: "c-1", epoch: 1, detail: { sequence: 1 } },
     ]);
     assert.deepEqual([...(await store.events.latestCrossings())].sort(), [
       ["a-1", "node.back_in_touch"],

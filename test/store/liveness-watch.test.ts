@@ -78,11 +78,11 @@ for (const backend of storeBackends) {
       await checkedTwice();
       assert.deepEqual(told("node.out_of_touch"), ["quiet-1"]);
 
-      // The audit trail grows well past one node's last crossing (a fleet's declarations, say).
+      // The audit trail grows well past one node's last crossing (the node's drift, say).
       await store.events.recordMany(
         Array.from({ length: 40 }, (_, i) => ({
           at: clock.toISOString(),
-          kind: "declaration.sent",
+          kind: "node.drift",
           node: "quiet-1",
           epoch: 1,
           detail: { sequence: i + 1 },

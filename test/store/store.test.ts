@@ -2,7 +2,13 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { MeshError, StoreError, UsageError } from "../../src/errors.js";
 import type { Store } from "../../src/store/index.js";
-import { digestKey, openStore } from "../../src/store/index.js";
+import {
+  declarationsSentEvent,
+  declarationsSentIn,
+  declarationsSentKind,
+  digestKey,
+  openStore,
+} from "../../src/store/index.js";
 import { keptParts, storeBackends } from "../support/stores.js";
 
 const options = { historyLimit: 3 };
@@ -523,6 +529,42 @@ for (const backend of storeBackends) {
       );
       const last = await store.events.list({ limit: 1 });
       assert.equal(last[0]?.kind, "test.three");
+    });
+
+    test("events — a roll-out chunk's sendings kept in one event with no node, read back as they were sent", async () => {
+      const sent = [
+        { node: "chunk-1", sequence: 4, digest: "d-one", items: 2 },
+        { node: "chunk-2", sequence: 9, digest: "d-two", items: 1 },
+        { node: "chunk-3", sequence: 1, digest: "d-one", items: 2 },
+      ];
+      await store.events.record(declarationsSentEvent(at(4), 7, sent));
+      const [event] = await store.events.list({ limit: 1 });
+      assert.ok(event !== undefined);
+      assert.deepEqual([event.kind, event.node, event.epoch], [declarationsSentKind, null, 7]);
+      const byNode = (a: { node: string }, b: { node: string }) => a.node.localeCompare(b.node);
+      assert.deepEqual(declarationsSentIn(event).sort(byNode), sent);
+      assert.deepEqual(
+        await store.events.list({ limit: 10, node: "chunk-1" }),
+        [],
+        "a sending is not the node's event",
+      );
+
+      assert.throws(
+        () => declarationsSentIn({ ...event, kind: "node.drift" }),
+        /a node.drift event names no/,
+      );
+      assert.throws(
+        () =>
+          declarationsSentIn({
+            ...event,
+            detail: { nodes: 1, digests: { d: { items: 1, nodes: { a: "1" } } } },
+          }),
+        (error: unknown) => error instanceof StoreError && /detail is not as written/.test(error.message),
+      );
+      assert.throws(
+        () => declarationsSentIn({ ...event, detail: { ...event.detail, nodes: 4 } }),
+        /counts 4 nodes and names 3/,
+      );
     });
 
     test("events — the retention deletes what is older than its age, then all but the newest it keeps", async () => {
