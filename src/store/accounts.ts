@@ -1,9 +1,10 @@
 /**
  * Accounts: the reports nodes sent about themselves. The newest kept account is the node's recovery copy; a
- * bounded history stands behind it. An account is a statement by the node, never what the node should hold.
+ * bounded history stands behind it, a ring of `historyLimit` places a node. An account is a statement by the node,
+ * never what the node should hold.
  */
 import type { Insertable, Kysely, Selectable } from "kysely";
-import type { AccountTable, Database } from "./schema.js";
+import type { AccountHeadTable, AccountTable, Database } from "./schema.js";
 import { rowValues, StatementTexts } from "./statements.js";
 import { inTransaction, slices } from "./transaction.js";
 
@@ -18,94 +19,135 @@ export interface AccountRecord {
   report: string;
 }
 
-/**
- * How many accounts a node may gain before its history is trimmed again. Trimming a node walks its index back
- * `historyLimit` steps and deletes a row from an old page; done at every report it cost as much as keeping the report
- * (measured on SQLite), done every tenth it costs a tenth. A node holds at most `historyLimit + trimEvery - 1`
- * accounts, and its history reads `historyLimit` of them, as it always did.
- */
-const trimEvery = 10;
-
 export class AccountQueries {
   constructor(
     private readonly db: Kysely<Database>,
     private readonly historyLimit: number,
     private readonly statements = new StatementTexts(),
-    /**
-     * Accounts kept per node since this process last trimmed its history, shared by the store and every transaction
-     * it hands out. A node not in it (none kept since this process began) is trimmed at its next account. Should
-     * a transaction that trimmed roll back, the node is trimmed again `trimEvery` accounts later: its history grows
-     * by at most that much meanwhile.
-     */
-    private readonly sinceTrimmed = new Map<string, number>(),
   ) {}
 
-  /** Keeps an account as the node's recovery copy and trims the history behind it. */
+  /** Keeps an account as the node's recovery copy, in place of its oldest once its history is full. */
   async keep(account: AccountRecord): Promise<void> {
     await this.keepMany([account]);
   }
 
   /**
-   * Keeps accounts in the order given (the last of each node becomes its recovery copy) and trims each node's
-   * history, all in one transaction: a batch of reports costs a few statements, not a few per report.
+   * Keeps accounts in the order given (the last of each node becomes its recovery copy), all in one transaction:
+   * a batch of reports costs a few statements, not a few per report. Each node's accounts are numbered on from its
+   * newest (read in the transaction, so two processes never number from a stale head) and each goes in place of the
+   * one `historyLimit` older; of a node's accounts in one batch only the newest `historyLimit` are written (the rest
+   * would be overwritten at once, and one statement may not write a row twice).
    */
   async keepMany(accounts: readonly AccountRecord[]): Promise<void> {
     if (accounts.length === 0) return;
-    const added = new Map<string, number>();
-    for (const { node } of accounts) added.set(node, (added.get(node) ?? 0) + 1);
-    const due = [...added].flatMap(([node, count]) => {
-      const since = this.sinceTrimmed.get(node);
-      return since === undefined || since + count >= trimEvery ? [node] : [];
-    });
+    const byNode = new Map<string, AccountRecord[]>();
+    for (const account of accounts) {
+      const own = byNode.get(account.node);
+      if (own === undefined) byNode.set(account.node, [account]);
+      else own.push(account);
+    }
     await inTransaction(this.db, async (trx) => {
-      for (const slice of slices(accounts)) await this.insert(trx, slice);
-      for (const nodes of slices(due)) {
-        // Each node's edge is the newest account behind the ones it keeps, found by walking its index back
-        // `historyLimit` steps; that account and everything older go. Nodes with no more than that have no edge.
-        await this.statements.run(
-          trx,
-          `accounts.trim.${nodes.length}`,
-          [1, this.historyLimit, ...nodes],
-          () =>
-            trx.deleteFrom("accounts").where("id", "in", (eb) =>
-              eb
-                .selectFrom("accounts as old")
-                .innerJoin(
-                  (inner) =>
-                    inner
-                      .selectFrom("nodes")
-                      .select((node) => [
-                        "nodes.name as node",
-                        node
-                          .selectFrom("accounts as kept")
-                          .select("kept.id")
-                          .whereRef("kept.node", "=", "nodes.name")
-                          .orderBy("kept.id", "desc")
-                          .limit(1)
-                          .offset(this.historyLimit)
-                          .as("edge"),
-                      ])
-                      .where("nodes.name", "in", nodes)
-                      .as("edges"),
-                  (join) => join.onRef("old.node", "=", "edges.node").onRef("old.id", "<=", "edges.edge"),
-                )
-                .select("old.id"),
+      const heads = await this.headsOf(trx, [...byNode.keys()]);
+      const laidOtherwise = [...heads].flatMap(([node, head]) =>
+        head.places === this.historyLimit ? [] : [node],
+      );
+      if (laidOtherwise.length > 0) await this.layOut(trx, laidOtherwise);
+      const rows: Array<Insertable<AccountTable>> = [];
+      const newest: Array<Insertable<AccountHeadTable>> = [];
+      for (const [node, own] of byNode) {
+        const head = heads.get(node)?.kept ?? 0;
+        const skipped = Math.max(0, own.length - this.historyLimit);
+        own.slice(skipped).forEach((account, i) => {
+          const kept = head + skipped + i + 1;
+          rows.push(toRow(account, kept, kept % this.historyLimit));
+        });
+        const kept = head + own.length;
+        newest.push({ node, kept, slot: kept % this.historyLimit, places: this.historyLimit });
+      }
+      for (const slice of slices(rows)) {
+        await this.statements.run(trx, `accounts.keep.${slice.length}`, rowValues(slice), () =>
+          trx
+            .insertInto("accounts")
+            .values(slice)
+            .onConflict((conflict) =>
+              conflict.columns(["node", "slot"]).doUpdateSet((eb) => ({
+                kept: eb.ref("excluded.kept"),
+                received_at: eb.ref("excluded.received_at"),
+                epoch: eb.ref("excluded.epoch"),
+                sequence: eb.ref("excluded.sequence"),
+                report_sequence: eb.ref("excluded.report_sequence"),
+                digest: eb.ref("excluded.digest"),
+                outcome: eb.ref("excluded.outcome"),
+                report: eb.ref("excluded.report"),
+              })),
+            ),
+        );
+      }
+      for (const slice of slices(newest)) {
+        await this.statements.run(trx, `accounts.heads.${slice.length}`, rowValues(slice), () =>
+          trx
+            .insertInto("account_heads")
+            .values(slice)
+            .onConflict((conflict) =>
+              conflict.column("node").doUpdateSet((eb) => ({
+                kept: eb.ref("excluded.kept"),
+                slot: eb.ref("excluded.slot"),
+                places: eb.ref("excluded.places"),
+              })),
             ),
         );
       }
     });
-    for (const [node, count] of added)
-      this.sinceTrimmed.set(node, (this.sinceTrimmed.get(node) ?? 0) + count);
-    for (const node of due) this.sinceTrimmed.set(node, 0);
   }
 
-  /** Inserts accounts in one statement, its values bound in the order of the table's columns. */
-  private async insert(trx: Kysely<Database>, accounts: readonly AccountRecord[]): Promise<void> {
-    const rows = accounts.map(toRow);
-    const values = rowValues(rows);
-    await this.statements.run(trx, `accounts.insert.${rows.length}`, values, () =>
-      trx.insertInto("accounts").values(rows),
-    );
+  /** Each of these nodes' head (its newest account's number, and its ring's places), for those that have one. */
+  private async headsOf(
+    trx: Kysely<Database>,
+    nodes: readonly string[],
+  ): Promise<Map<string, { kept: number; places: number }>> {
+    const heads = new Map<string, { kept: number; places: number }>();
+    for (const slice of slices(nodes)) {
+      const { rows } = await this.statements.run(trx, `accounts.headsOf.${slice.length}`, slice, () =>
+        trx.selectFrom("account_heads").select(["node", "kept", "places"]).where("node", "in", slice),
+      );
+      for (const { node, kept, places } of rows) heads.set(node, { kept, places });
+    }
+    return heads;
+  }
+
+  /**
+   * Lays these nodes' rings out again for this process's `historyLimit`, which differs from the one they were laid
+   * out with: each node's newest accounts, as many as the limit, at the places it gives them, the rest deleted. Left
+   * as they were, the next accounts would land on places still holding accounts of the new history.
+   */
+  private async layOut(trx: Kysely<Database>, nodes: readonly string[]): Promise<void> {
+    for (const slice of slices(nodes)) {
+      const rows = await trx
+        .selectFrom("accounts")
+        .selectAll()
+        .where("node", "in", slice)
+        .orderBy("node")
+        .orderBy("kept", "desc")
+        .execute();
+      await trx.deleteFrom("accounts").where("node", "in", slice).execute();
+      const taken = new Map<string, number>();
+      const kept = rows.filter(({ node }) => {
+        const count = (taken.get(node) ?? 0) + 1;
+        taken.set(node, count);
+        return count <= this.historyLimit;
+      });
+      for (const part of slices(kept)) {
+        await trx
+          .insertInto("accounts")
+          .values(part.map((row) => ({ ...row, slot: row.kept % this.historyLimit })))
+          .execute();
+      }
+      await trx
+        .updateTable("account_heads")
+        .set((eb) => ({ slot: eb("kept", "%", this.historyLimit), places: this.historyLimit }))
+        .where("node", "in", slice)
+        .execute();
+    }
   }
 
   /** The newest kept account, or undefined when the node never reported. */
@@ -113,47 +155,49 @@ export class AccountQueries {
     return (await this.recoveryCopies([node])).get(node);
   }
 
-  /** The recovery copy of each of these nodes that ever reported. */
+  /**
+   * The recovery copy of each of these nodes that ever reported: its newest account, at the place its head names
+   * (one lookup a node, whatever the history holds).
+   */
   async recoveryCopies(nodes: readonly string[]): Promise<Map<string, AccountRecord>> {
     const copies = new Map<string, AccountRecord>();
     for (const slice of slices([...new Set(nodes)])) {
-      // Each node's newest account is one step down its index, where grouping would walk its whole history.
       const { rows } = await this.statements.run(this.db, `accounts.copies.${slice.length}`, slice, () =>
         this.db
-          .selectFrom("nodes")
+          .selectFrom("account_heads as heads")
           .innerJoin("accounts", (join) =>
-            join.on("accounts.id", "=", (eb) =>
-              eb
-                .selectFrom("accounts as newest")
-                .select((inner) => inner.fn.max("newest.id").as("id"))
-                .whereRef("newest.node", "=", "nodes.name"),
-            ),
+            join
+              .onRef("accounts.node", "=", "heads.node")
+              .onRef("accounts.slot", "=", "heads.slot")
+              .onRef("accounts.kept", "=", "heads.kept"),
           )
           .selectAll("accounts")
-          .where("nodes.name", "in", slice),
+          .where("heads.node", "in", slice),
       );
       for (const row of rows) copies.set(row.node, toRecord(row));
     }
     return copies;
   }
 
-  /** Newest first, `historyLimit` at most (until its next trim a node may hold a few more). */
+  /** Newest first, `historyLimit` at most. */
   async history(node: string): Promise<AccountRecord[]> {
     const rows = await this.db
       .selectFrom("accounts")
       .selectAll()
       .where("node", "=", node)
-      .orderBy("id", "desc")
+      .orderBy("kept", "desc")
       .limit(this.historyLimit)
       .execute();
     return rows.map(toRecord);
   }
 }
 
-/** An account as a row, its columns always in this order. */
-function toRow(account: AccountRecord): Insertable<AccountTable> {
+/** An account as a row at its place in the ring, its columns always in this order. */
+function toRow(account: AccountRecord, kept: number, slot: number): Insertable<AccountTable> {
   return {
     node: account.node,
+    slot,
+    kept,
     received_at: account.receivedAt,
     epoch: account.epoch,
     sequence: account.sequence,

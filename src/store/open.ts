@@ -28,6 +28,7 @@ import { RevokedIdentityQueries } from "./revoked-identities.js";
 import { DeclarationQueries } from "./declarations.js";
 import { EpochQueries } from "./epochs.js";
 import { EventQueries } from "./events.js";
+import type { MigrationSettings } from "./migrations.js";
 import { knownMigrations, migrationProvider } from "./migrations.js";
 import { NodeQueries } from "./nodes.js";
 import { NoEpochQueries } from "./no-epoch.js";
@@ -70,15 +71,13 @@ export class Store {
     private readonly options: StoreOptions,
     /** Statement texts built once, shared with the store handed to each transaction. */
     private readonly statements = new StatementTexts(),
-    /** Accounts kept per node since its history was last trimmed, shared the same way. */
-    private readonly accountsSinceTrimmed = new Map<string, number>(),
     /** The checkpoint thread, when the store has one; the store a transaction is given has none. */
     private readonly checkpointer?: Checkpointer,
   ) {
     this.tokens = new TokenQueries(db);
     this.nodes = new NodeQueries(db, statements);
     this.declarations = new DeclarationQueries(db, options.historyLimit, statements);
-    this.accounts = new AccountQueries(db, options.historyLimit, statements, accountsSinceTrimmed);
+    this.accounts = new AccountQueries(db, options.historyLimit, statements);
     this.events = new EventQueries(db, statements);
     this.epochs = new EpochQueries(db);
     this.counters = new CounterQueries(db);
@@ -94,9 +93,7 @@ export class Store {
    * at all. A transaction inside it is this one.
    */
   async transaction<T>(work: (store: Store) => Promise<T>): Promise<T> {
-    return inTransaction(this.db, (trx) =>
-      work(new Store(this.dialect, trx, this.options, this.statements, this.accountsSinceTrimmed)),
-    );
+    return inTransaction(this.db, (trx) => work(new Store(this.dialect, trx, this.options, this.statements)));
   }
 
   /** The lease kept in this store (for deployments without NATS). */
@@ -119,7 +116,7 @@ export async function openStore(url: string, options: StoreOptions): Promise<Sto
     if (location.dialect === "postgres" && location.schema !== undefined) {
       await sql`create schema if not exists ${sql.id(location.schema)}`.execute(db);
     }
-    await migrate(db, location);
+    await migrate(db, location, { historyLimit: options.historyLimit });
     const apart = options.checkpointsApart;
     if (
       apart !== undefined &&
@@ -133,7 +130,7 @@ export async function openStore(url: string, options: StoreOptions): Promise<Sto
     if (error instanceof StoreError) throw error;
     throw new StoreError(`cannot open the store at ${redact(url)}: ${describe(error)}`, { cause: error });
   }
-  return new Store(location.dialect, db, options, undefined, undefined, checkpointer);
+  return new Store(location.dialect, db, options, undefined, checkpointer);
 }
 
 /** Moves the store's checkpoints to a thread of their own; should it end, the commits checkpoint again. */
@@ -223,11 +220,15 @@ async function connect(
   }
 }
 
-async function migrate(db: Kysely<Database>, location: StoreLocation): Promise<void> {
+async function migrate(
+  db: Kysely<Database>,
+  location: StoreLocation,
+  settings: MigrationSettings,
+): Promise<void> {
   if (await migrated(db, location)) return;
   const migrator = new Migrator({
     db,
-    provider: migrationProvider(location.dialect),
+    provider: migrationProvider(location.dialect, settings),
     ...(location.dialect === "postgres" && location.schema !== undefined
       ? { migrationTableSchema: location.schema }
       : {}),

@@ -68,9 +68,15 @@ export interface DeclarationItemsTable {
   used_at: string;
 }
 
+/**
+ * A node's accounts, a ring of `historyLimit` places: each account is kept in place of the one that many older
+ * (`slot` is `kept` modulo the limit), so a full history costs no delete.
+ */
 export interface AccountTable {
-  id: Generated<number>;
   node: string;
+  slot: number;
+  /** The account's number among the node's, from 1 up: the newest has the highest. */
+  kept: number;
   received_at: string;
   epoch: number | null;
   sequence: number | null;
@@ -79,6 +85,14 @@ export interface AccountTable {
   outcome: string;
   /** The report as received (JSON text): the node's recovery copy. */
   report: string;
+}
+
+/** Each node's newest account: its number and its place in the ring (`accounts`), and how many places it has. */
+export interface AccountHeadTable {
+  node: string;
+  kept: number;
+  slot: number;
+  places: number;
 }
 
 export interface EventTable {
@@ -187,6 +201,7 @@ export interface Database {
   declarations: DeclarationTable;
   declaration_items: DeclarationItemsTable;
   accounts: AccountTable;
+  account_heads: AccountHeadTable;
   events: EventTable;
   controller_epoch: ControllerEpochTable;
 }

@@ -244,7 +244,10 @@ for (const backend of storeBackends) {
           };
         })();
         try {
-          const migrator = new Migrator({ db, provider: migrationProvider(backend.name) });
+          const migrator = new Migrator({
+            db,
+            provider: migrationProvider(backend.name, { historyLimit: 50 }),
+          });
           const { error } = await migrator.migrateTo("0013_valid_tokens_by_expiry");
           assert.equal(error, undefined);
           await db

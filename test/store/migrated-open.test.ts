@@ -128,7 +128,10 @@ for (const backend of storeBackends) {
         // The newest migration undone, as the release before left the store.
         const newest = knownMigrations.at(-1) ?? "";
         await withOther(backend.name, location.url, async (db) => {
-          const migrator = new Migrator({ db, provider: migrationProvider(backend.name) });
+          const migrator = new Migrator({
+            db,
+            provider: migrationProvider(backend.name, { historyLimit: 50 }),
+          });
           const { error } = await migrator.migrateDown();
           assert.equal(error, undefined);
           assert.ok(!(await recorded(db)).includes(newest));
