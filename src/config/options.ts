@@ -38,7 +38,7 @@ export interface MeshOptions {
   historyLimit: number;
   /**
    * How long the audit trail keeps an event, and how many it keeps at most: the trail grows with what nodes send, so
-   * it is bounded by age and by count, whichever bites first.
+   * it is bounded by age and by count (a roll-out's chunk counting the nodes it names), whichever bites first.
    */
   events: { keepForMs: number; keepAtMost: number };
   /** The controller lease: renew every, entries age out after, stop acting this much before. */

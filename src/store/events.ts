@@ -113,6 +113,28 @@ export function declarationsSentIn(event: MeshEvent): SentInChunk[] {
   return sent;
 }
 
+/**
+ * What an event counts for in the retention's bound: a roll-out's chunk the nodes it names, any other event one.
+ * A chunk's detail takes some 30 bytes a node (about 15 KB for 500 nodes and 60 compositions), no more than an event
+ * of its own: counted so, the bound holds the trail to about the size of as many events of their own.
+ */
+export function eventWeight(event: MeshEvent): number {
+  if (event.kind !== declarationsSentKind) return 1;
+  const nodes = event.detail.nodes;
+  return typeof nodes === "number" && Number.isSafeInteger(nodes) && nodes > 1 ? nodes : 1;
+}
+
+/** The trail's count so far: its newest event's count before it and weight (0 with none), through `events_counted`. */
+async function countedSoFar(db: Kysely<Database>): Promise<number> {
+  const newest = await db
+    .selectFrom("events")
+    .select(["counted_before", "weight"])
+    .orderBy("counted_before", "desc")
+    .limit(1)
+    .executeTakeFirst();
+  return newest === undefined ? 0 : Number(newest.counted_before) + Number(newest.weight);
+}
+
 export class EventQueries {
   constructor(
     private readonly db: Kysely<Database>,
@@ -123,18 +145,31 @@ export class EventQueries {
     await this.recordMany([event]);
   }
 
-  /** Records events in one statement. */
+  /**
+   * Records events in one statement, each with its weight (`eventWeight`) and the trail's count before it: the
+   * newest's count and weight, read inside the transaction through `events_counted`, then each event's in turn. On
+   * PostgreSQL two transactions recording at once can start from the same count: the trail's count then falls behind
+   * by the weight of the one that committed first, and the retention keeps that much more.
+   */
   async recordMany(events: readonly MeshEvent[]): Promise<void> {
     if (events.length === 0) return;
     await inTransaction(this.db, async (trx) => {
+      let counted = await countedSoFar(trx);
       for (const slice of slices(events)) {
-        const rows = slice.map((event) => ({
-          at: event.at,
-          kind: event.kind,
-          node: event.node,
-          epoch: event.epoch,
-          detail: JSON.stringify(event.detail),
-        }));
+        const rows = slice.map((event) => {
+          const weight = eventWeight(event);
+          const row = {
+            at: event.at,
+            kind: event.kind,
+            node: event.node,
+            epoch: event.epoch,
+            detail: JSON.stringify(event.detail),
+            weight,
+            counted_before: counted,
+          };
+          counted += weight;
+          return row;
+        });
         await this.statements.run(trx, `events.insert.${rows.length}`, rowValues(rows), () =>
           trx.insertInto("events").values(rows),
         );
@@ -155,25 +190,18 @@ export class EventQueries {
   }
 
   /**
-   * The retention of the audit trail: deletes the events recorded before `before`, and all but the newest
-   * `keepAtMost`. Returns how many went.
+   * The retention of the audit trail: deletes the events recorded before `before`, and then every event counted
+   * before the trail's count less `keepAtMost`, so what is kept counts at most `keepAtMost` (a roll-out's chunk
+   * counts the nodes it names: `eventWeight`). Returns how many went.
    */
   async prune(retention: { before: string; keepAtMost: number }): Promise<number> {
     return inTransaction(this.db, async (trx) => {
       const old = await trx.deleteFrom("events").where("at", "<", retention.before).executeTakeFirst();
-      // Ids only grow, so the newest events are those above the id `keepAtMost` places from the top.
-      const boundary = await trx
-        .selectFrom("events")
-        .select("id")
-        .orderBy("id", "desc")
-        .limit(1)
-        .offset(retention.keepAtMost)
+      const surplus = await trx
+        .deleteFrom("events")
+        .where("counted_before", "<", (await countedSoFar(trx)) - retention.keepAtMost)
         .executeTakeFirst();
-      const surplus =
-        boundary === undefined
-          ? undefined
-          : await trx.deleteFrom("events").where("id", "<=", boundary.id).executeTakeFirst();
-      return Number(old.numDeletedRows) + Number(surplus?.numDeletedRows ?? 0n);
+      return Number(old.numDeletedRows) + Number(surplus.numDeletedRows);
     });
   }
 

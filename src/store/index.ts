@@ -18,7 +18,7 @@ export { itemsKeptUnusedMs, keptItems } from "./declarations.js";
 export { digestKey, sequenceKey } from "./declarations.js";
 export type { AccountRecord } from "./accounts.js";
 export type { MeshEvent, SentInChunk, StoredEvent } from "./events.js";
-export { declarationsSentEvent, declarationsSentIn, declarationsSentKind } from "./events.js";
+export { declarationsSentEvent, declarationsSentIn, declarationsSentKind, eventWeight } from "./events.js";
 export type { NoEpochController } from "./no-epoch.js";
 export type { HearingGap, HearingRecord } from "./hearing.js";
 export type { PlanRevision, PlanWrite } from "./plans.js";

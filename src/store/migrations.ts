@@ -500,6 +500,35 @@ const accountsRing: NumberedMigration = (dialect, { historyLimit }) => ({
   },
 });
 
+/**
+ * The audit trail bounded by what it names, not by its rows: each event's `weight` is what it counts for (a
+ * roll-out's chunk, `declarations.sent`, the nodes it names; any other event one) and `counted_before` the trail's
+ * count before it, in order. Counted by rows, a million events could hold a million chunks of 500 nodes each (about
+ * 15 KB apiece); counted so, a million events' worth. The retention deletes the events counted before the newest's
+ * count less its bound, through `events_counted`; a walk summing each event's weight from the newest read the whole
+ * trail (about a second at a million events on SQLite). The events already kept are counted here, in order.
+ */
+const eventsCounted: NumberedMigration = (dialect) => ({
+  async up(db: Kysely<unknown>) {
+    await sql`alter table events add column weight bigint not null default 1`.execute(db);
+    await sql`alter table events add column counted_before bigint not null default 0`.execute(db);
+    const nodes =
+      dialect === "postgres"
+        ? sql`greatest(1, (detail::json ->> 'nodes')::bigint)`
+        : sql`max(1, json_extract(detail, '$.nodes'))`;
+    await sql`update events set weight = ${nodes} where kind = 'declarations.sent'`.execute(db);
+    await sql`update events set counted_before = counted.total - events.weight
+      from (select id, sum(weight) over (order by id) as total from events) counted
+      where counted.id = events.id`.execute(db);
+    await db.schema.createIndex("events_counted").on("events").column("counted_before").execute();
+  },
+  async down(db: Kysely<unknown>) {
+    await db.schema.dropIndex("events_counted").execute();
+    await sql`alter table events drop column counted_before`.execute(db);
+    await sql`alter table events drop column weight`.execute(db);
+  },
+});
+
 const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0001_initial", initial],
   ["0002_node_counters", counters],
@@ -518,6 +547,7 @@ const numbered: ReadonlyArray<[string, NumberedMigration]> = [
   ["0015_no_declarations_by_digest", noDeclarationsByDigest],
   ["0016_crossings_by_node", crossingsByNode],
   ["0017_accounts_ring", accountsRing],
+  ["0018_events_counted", eventsCounted],
 ];
 
 /** The names of the migrations, oldest first: a store migrated by this code has recorded exactly these. */

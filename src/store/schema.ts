@@ -2,7 +2,7 @@
  * The tables of the control plane's memory, as Kysely sees them. Timestamps are ISO-8601 UTC strings in every
  * dialect (`Date.prototype.toISOString`), which sort and compare correctly as text in SQLite and PostgreSQL alike.
  */
-import type { Generated } from "kysely";
+import type { ColumnType, Generated } from "kysely";
 
 export const nodeStates = ["invited", "enrolled", "retired"] as const;
 export type NodeState = (typeof nodeStates)[number];
@@ -103,6 +103,12 @@ export interface EventTable {
   epoch: number | null;
   /** Details of the decision (JSON text). */
   detail: string;
+  /**
+   * What the event counts for in the retention's bound (`eventWeight`), and the trail's count before it (migration
+   * 0018). PostgreSQL returns each as text (a `bigint`).
+   */
+  weight: ColumnType<number | string, number, number>;
+  counted_before: ColumnType<number | string, number, number>;
 }
 
 export interface ControllerEpochTable {
