@@ -149,7 +149,7 @@ export class EventQueries {
    * Records events in one statement, each with its weight (`eventWeight`) and the trail's count before it: the
    * newest's count and weight, read inside the transaction through `events_counted`, then each event's in turn. On
    * PostgreSQL two transactions recording at once can start from the same count: the trail's count then falls behind
-   * by the weight of the one that committed first, and the retention keeps that much more.
+   * by what one of them recorded, never ahead, so the retention keeps that much more, never less.
    */
   async recordMany(events: readonly MeshEvent[]): Promise<void> {
     if (events.length === 0) return;

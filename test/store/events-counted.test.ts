@@ -131,6 +131,54 @@ for (const backend of storeBackends) {
       }
     });
 
+    if (backend.name === "postgres") {
+      test("two recording at once: the count falls behind, never ahead, so the retention keeps more", async () => {
+        const location = await backend.fresh();
+        try {
+          const store = await openStore(location.url, { historyLimit: 50 });
+          try {
+            // The first records its chunk and waits while the second records inside its own transaction: the
+            // second reads the trail's count without the first's uncommitted chunk.
+            let firstRecorded!: () => void;
+            const recordedFirst = new Promise<void>((resolve) => (firstRecorded = resolve));
+            let secondRecorded!: () => void;
+            const recordedSecond = new Promise<void>((resolve) => (secondRecorded = resolve));
+            await Promise.all([
+              store.transaction(async (tx) => {
+                await tx.events.record(chunk(["a", "b", "c", "d", "e"]));
+                firstRecorded();
+                await recordedSecond;
+              }),
+              store.transaction(async (tx) => {
+                await recordedFirst;
+                await tx.events.record(plain("beside"));
+                secondRecorded();
+              }),
+            ]);
+            await store.events.record(plain("after"));
+            const counts = await countsOf(location.url);
+            assert.deepEqual(
+              counts.slice(0, 2).map(([, , before]) => before),
+              [0, 0],
+              "both counted from the same count",
+            );
+            // Counted exactly, the newest six are "after" and "beside" (the chunk's five do not fit): the retention
+            // keeps at least those.
+            await store.events.prune({ before: at(0), keepAtMost: 6 });
+            const kept = kinds(await store.events.list({ limit: 100 }));
+            assert.ok(kept.includes("after") && kept.includes("beside"), kept.join(", "));
+            // And one: "after" alone.
+            await store.events.prune({ before: at(0), keepAtMost: 1 });
+            assert.deepEqual(kinds(await store.events.list({ limit: 100 })), ["after"]);
+          } finally {
+            await store.close();
+          }
+        } finally {
+          await location.cleanup();
+        }
+      });
+    }
+
     test("a store of the release before: its events counted in order when migrated, and counted on after", async () => {
       const location = await backend.fresh();
       try {
