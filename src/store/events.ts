@@ -124,15 +124,33 @@ export function eventWeight(event: MeshEvent): number {
   return typeof nodes === "number" && Number.isSafeInteger(nodes) && nodes > 1 ? nodes : 1;
 }
 
-/** The trail's count so far: its newest event's count before it and weight (0 with none), through `events_counted`. */
-async function countedSoFar(db: Kysely<Database>): Promise<number> {
-  const newest = await db
+/** The event counted last (its count before it and its weight), through `events_counted`. */
+export function newestCounted(db: Kysely<Database>) {
+  return db
     .selectFrom("events")
     .select(["counted_before", "weight"])
+    .where("counted_before", "is not", null)
     .orderBy("counted_before", "desc")
-    .limit(1)
-    .executeTakeFirst();
-  return newest === undefined ? 0 : Number(newest.counted_before) + Number(newest.weight);
+    .limit(1);
+}
+
+/**
+ * Counts the events recorded since the retention last ran (`counted_before` null, found through `events_counted`):
+ * each is given the trail's count before it, in the order of their ids, on from `start`.
+ */
+export function countRecorded(start: number) {
+  return sql`update events set counted_before = ${start} + counted.before
+    from (select id, sum(weight) over (order by id) - weight as before
+      from events where counted_before is null) counted
+    where counted.id = events.id`;
+}
+
+/** The trail's count after the event counted last, and that event's count before it. */
+async function trailCount(db: Kysely<Database>): Promise<{ total: number; newest: number } | undefined> {
+  const row = await newestCounted(db).executeTakeFirst();
+  if (row === undefined) return undefined;
+  const newest = Number(row.counted_before);
+  return { total: newest + Number(row.weight), newest };
 }
 
 export class EventQueries {
@@ -145,31 +163,19 @@ export class EventQueries {
     await this.recordMany([event]);
   }
 
-  /**
-   * Records events in one statement, each with its weight (`eventWeight`) and the trail's count before it: the
-   * newest's count and weight, read inside the transaction through `events_counted`, then each event's in turn. On
-   * PostgreSQL two transactions recording at once can start from the same count: the trail's count then falls behind
-   * by what one of them recorded, never ahead, so the retention keeps that much more, never less.
-   */
+  /** Records events in one statement, each with its weight (`eventWeight`); the retention counts them (`prune`). */
   async recordMany(events: readonly MeshEvent[]): Promise<void> {
     if (events.length === 0) return;
     await inTransaction(this.db, async (trx) => {
-      let counted = await countedSoFar(trx);
       for (const slice of slices(events)) {
-        const rows = slice.map((event) => {
-          const weight = eventWeight(event);
-          const row = {
-            at: event.at,
-            kind: event.kind,
-            node: event.node,
-            epoch: event.epoch,
-            detail: JSON.stringify(event.detail),
-            weight,
-            counted_before: counted,
-          };
-          counted += weight;
-          return row;
-        });
+        const rows = slice.map((event) => ({
+          at: event.at,
+          kind: event.kind,
+          node: event.node,
+          epoch: event.epoch,
+          detail: JSON.stringify(event.detail),
+          weight: eventWeight(event),
+        }));
         await this.statements.run(trx, `events.insert.${rows.length}`, rowValues(rows), () =>
           trx.insertInto("events").values(rows),
         );
@@ -190,16 +196,23 @@ export class EventQueries {
   }
 
   /**
-   * The retention of the audit trail: deletes the events recorded before `before`, and then every event counted
-   * before the trail's count less `keepAtMost`, so what is kept counts at most `keepAtMost` (a roll-out's chunk
-   * counts the nodes it names: `eventWeight`). Returns how many went.
+   * The retention of the audit trail: deletes the events recorded before `before`; counts the events recorded since
+   * its last run (each given the trail's count before it, in the order of their ids, on from the newest counted); and
+   * deletes every event counted before the trail's count less `keepAtMost`, so what is kept counts at most
+   * `keepAtMost` (a roll-out's chunk counts the nodes it names: `eventWeight`) — save the newest, kept whatever it
+   * counts. Counted here rather than as each is recorded, the count is exact on PostgreSQL too: an event recorded
+   * beside another, in a transaction of its own, is counted once it is committed, after those counted before it.
+   * Returns how many went.
    */
   async prune(retention: { before: string; keepAtMost: number }): Promise<number> {
     return inTransaction(this.db, async (trx) => {
       const old = await trx.deleteFrom("events").where("at", "<", retention.before).executeTakeFirst();
+      await countRecorded((await trailCount(trx))?.total ?? 0).execute(trx);
+      const count = await trailCount(trx);
+      if (count === undefined) return Number(old.numDeletedRows);
       const surplus = await trx
         .deleteFrom("events")
-        .where("counted_before", "<", (await countedSoFar(trx)) - retention.keepAtMost)
+        .where("counted_before", "<", Math.min(count.total - retention.keepAtMost, count.newest))
         .executeTakeFirst();
       return Number(old.numDeletedRows) + Number(surplus.numDeletedRows);
     });

@@ -503,29 +503,39 @@ const accountsRing: NumberedMigration = (dialect, { historyLimit }) => ({
 /**
  * The audit trail bounded by what it names, not by its rows: each event's `weight` is what it counts for (a
  * roll-out's chunk, `declarations.sent`, the nodes it names; any other event one) and `counted_before` the trail's
- * count before it, in order. Counted by rows, a million events could hold a million chunks of 500 nodes each (about
- * 15 KB apiece); counted so, a million events' worth. The retention deletes the events counted before the newest's
- * count less its bound, through `events_counted`; a walk summing each event's weight from the newest read the whole
- * trail (about a second at a million events on SQLite). The events already kept are counted here, in order.
+ * count before it, given by the retention to the events recorded since its last run (null until then). Counted by
+ * rows, a million events could hold a million chunks of 500 nodes each (about 15 KB apiece); counted so, a million
+ * events' worth. The retention deletes the events counted before the trail's count less its bound, through
+ * `events_counted`; a walk summing each event's weight from the newest read the whole trail (about a second at a
+ * million events on SQLite). The events already kept are counted here, in order; a detail whose `nodes` is not a
+ * whole number above one counts one, as `eventWeight` counts it. One transaction on SQLite too: the count rewrites
+ * every row, and a migration stopped part-way would leave columns the next attempt could not add again.
  */
 const eventsCounted: NumberedMigration = (dialect) => ({
   async up(db: Kysely<unknown>) {
-    await sql`alter table events add column weight bigint not null default 1`.execute(db);
-    await sql`alter table events add column counted_before bigint not null default 0`.execute(db);
-    const nodes =
-      dialect === "postgres"
-        ? sql`greatest(1, (detail::json ->> 'nodes')::bigint)`
-        : sql`max(1, json_extract(detail, '$.nodes'))`;
-    await sql`update events set weight = ${nodes} where kind = 'declarations.sent'`.execute(db);
-    await sql`update events set counted_before = counted.total - events.weight
-      from (select id, sum(weight) over (order by id) as total from events) counted
-      where counted.id = events.id`.execute(db);
-    await db.schema.createIndex("events_counted").on("events").column("counted_before").execute();
+    await asOneCopy(db, dialect, async () => {
+      await sql`alter table events add column weight bigint not null default 1`.execute(db);
+      await sql`alter table events add column counted_before bigint`.execute(db);
+      const chunkWeight =
+        dialect === "postgres"
+          ? sql`case when json_typeof(detail::json -> 'nodes') = 'number'
+              and (detail::json ->> 'nodes') ~ '^[0-9]+$' and (detail::json ->> 'nodes')::numeric > 1
+              then (detail::json ->> 'nodes')::bigint else 1 end`
+          : sql`case when json_type(detail, '$.nodes') = 'integer' and json_extract(detail, '$.nodes') > 1
+              then json_extract(detail, '$.nodes') else 1 end`;
+      await sql`update events set weight = ${chunkWeight} where kind = 'declarations.sent'`.execute(db);
+      await sql`update events set counted_before = counted.total - events.weight
+        from (select id, sum(weight) over (order by id) as total from events) counted
+        where counted.id = events.id`.execute(db);
+      await db.schema.createIndex("events_counted").on("events").column("counted_before").execute();
+    });
   },
   async down(db: Kysely<unknown>) {
-    await db.schema.dropIndex("events_counted").execute();
-    await sql`alter table events drop column counted_before`.execute(db);
-    await sql`alter table events drop column weight`.execute(db);
+    await asOneCopy(db, dialect, async () => {
+      await db.schema.dropIndex("events_counted").execute();
+      await sql`alter table events drop column counted_before`.execute(db);
+      await sql`alter table events drop column weight`.execute(db);
+    });
   },
 });
 

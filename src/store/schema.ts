@@ -104,11 +104,11 @@ export interface EventTable {
   /** Details of the decision (JSON text). */
   detail: string;
   /**
-   * What the event counts for in the retention's bound (`eventWeight`), and the trail's count before it (migration
-   * 0018). PostgreSQL returns each as text (a `bigint`).
+   * What the event counts for in the retention's bound (`eventWeight`), and the trail's count before it: given by the
+   * retention, null until its next run (migration 0018). PostgreSQL returns each as text (a `bigint`).
    */
   weight: ColumnType<number | string, number, number>;
-  counted_before: ColumnType<number | string, number, number>;
+  counted_before: ColumnType<number | string | null, null | undefined, number>;
 }
 
 export interface ControllerEpochTable {

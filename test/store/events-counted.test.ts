@@ -1,16 +1,21 @@
 /**
  * The audit trail is bounded by what it names, not by its rows: a roll-out's chunk (`declarations.sent`) counts the
- * nodes it names, any other event one, and the retention keeps at most its bound's worth, newest first. On both
- * stores; and a store of the release before has its events counted, in order, when it is migrated.
+ * nodes it names, any other event one, and the retention counts what was recorded since its last run and keeps at
+ * most its bound's worth, newest first. On both stores, counted in the table itself; a store of the release before
+ * has its events counted, in order, when it is migrated; and on SQLite each of the retention's statements goes
+ * through `events_counted`, not over the whole trail.
  */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import SqliteDatabase from "better-sqlite3";
 import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from "kysely";
 import pg from "pg";
-import type { MeshEvent, SentInChunk } from "../../src/store/index.js";
+import { countRecorded, newestCounted } from "../../src/store/events.js";
+import type { MeshEvent, SentInChunk, Store } from "../../src/store/index.js";
 import { declarationsSentEvent, eventWeight, openStore } from "../../src/store/index.js";
 import { migrationProvider } from "../../src/store/migrations.js";
+import type { Database } from "../../src/store/schema.js";
+import type { StoreBackend } from "../support/stores.js";
 import { storeBackends } from "../support/stores.js";
 
 const at = (second: number) => new Date(Date.UTC(2026, 0, 1, 0, 0, second)).toISOString();
@@ -32,7 +37,7 @@ function chunk(names: readonly string[], second = 0): MeshEvent {
 const kinds = (events: readonly MeshEvent[]) => events.map((event) => event.kind);
 
 /** Each event's weight and count before it, oldest first, read past the store. */
-async function countsOf(url: string): Promise<Array<[string, number, number]>> {
+async function countsOf(url: string): Promise<Array<[string, number, number | null]>> {
   const db = new Kysely<unknown>({
     dialect: url.startsWith("sqlite:")
       ? new SqliteDialect({ database: new SqliteDatabase(url.slice("sqlite:".length)) })
@@ -42,9 +47,13 @@ async function countsOf(url: string): Promise<Array<[string, number, number]>> {
     const { rows } = await sql<{
       kind: string;
       weight: number | string;
-      counted_before: number | string;
+      counted_before: number | string | null;
     }>`select kind, weight, counted_before from events order by id`.execute(db);
-    return rows.map((row) => [row.kind, Number(row.weight), Number(row.counted_before)]);
+    return rows.map((row) => [
+      row.kind,
+      Number(row.weight),
+      row.counted_before === null ? null : Number(row.counted_before),
+    ]);
   } finally {
     await db.destroy();
   }
@@ -64,118 +73,122 @@ describe("events — what each counts for", () => {
   });
 });
 
+/** A store of its own on `backend`, open for `work`, closed and removed after. */
+async function withStore(
+  backend: StoreBackend,
+  work: (store: Store, url: string) => Promise<void>,
+): Promise<void> {
+  const location = await backend.fresh();
+  try {
+    const store = await openStore(location.url, { historyLimit: 50 });
+    try {
+      await work(store, location.url);
+    } finally {
+      await store.close();
+    }
+  } finally {
+    await location.cleanup();
+  }
+}
+
+const everything = { before: at(0), keepAtMost: 1_000_000 };
+
 for (const backend of storeBackends) {
   describe(`events — the retention counts what the trail names (${backend.name})`, () => {
     test("keeps at most its bound's worth, newest first: a chunk of five goes when five no longer fit", async () => {
-      const location = await backend.fresh();
-      try {
-        const store = await openStore(location.url, { historyLimit: 50 });
-        try {
-          for (const kind of ["old.1", "old.2", "old.3"]) await store.events.record(plain(kind));
-          await store.events.record(chunk(["n1", "n2", "n3", "n4", "n5"]));
-          await store.events.recordMany([plain("new.1"), plain("new.2")]);
-          assert.deepEqual(await countsOf(location.url), [
-            ["old.1", 1, 0],
-            ["old.2", 1, 1],
-            ["old.3", 1, 2],
-            ["declarations.sent", 5, 3],
-            ["new.1", 1, 8],
-            ["new.2", 1, 9],
-          ]);
-          assert.equal(
-            await store.events.prune({ before: at(0), keepAtMost: 10 }),
-            0,
-            "exactly ten, all kept",
-          );
-          assert.equal(await store.events.prune({ before: at(0), keepAtMost: 7 }), 3);
-          assert.deepEqual(kinds(await store.events.list({ limit: 100 })), [
-            "declarations.sent",
-            "new.1",
-            "new.2",
-          ]);
-          // Six: the chunk and the two after it count seven.
-          assert.equal(await store.events.prune({ before: at(0), keepAtMost: 6 }), 1);
-          assert.deepEqual(kinds(await store.events.list({ limit: 100 })), ["new.1", "new.2"]);
-          assert.equal(await store.events.prune({ before: at(0), keepAtMost: 6 }), 0);
-        } finally {
-          await store.close();
-        }
-      } finally {
-        await location.cleanup();
-      }
+      await withStore(backend, async (store, url) => {
+        for (const kind of ["old.1", "old.2", "old.3"]) await store.events.record(plain(kind));
+        await store.events.record(chunk(["n1", "n2", "n3", "n4", "n5"]));
+        await store.events.recordMany([plain("new.1"), plain("new.2")]);
+        assert.deepEqual(
+          await countsOf(url),
+          [
+            ["old.1", 1, null],
+            ["old.2", 1, null],
+            ["old.3", 1, null],
+            ["declarations.sent", 5, null],
+            ["new.1", 1, null],
+            ["new.2", 1, null],
+          ],
+          "recorded, not yet counted",
+        );
+        assert.equal(await store.events.prune({ before: at(0), keepAtMost: 10 }), 0, "exactly ten, all kept");
+        assert.deepEqual(
+          (await countsOf(url)).map(([, , before]) => before),
+          [0, 1, 2, 3, 8, 9],
+        );
+        assert.equal(await store.events.prune({ before: at(0), keepAtMost: 7 }), 3);
+        assert.deepEqual(kinds(await store.events.list({ limit: 100 })), [
+          "declarations.sent",
+          "new.1",
+          "new.2",
+        ]);
+        // Six: the chunk and the two after it count seven.
+        assert.equal(await store.events.prune({ before: at(0), keepAtMost: 6 }), 1);
+        assert.deepEqual(kinds(await store.events.list({ limit: 100 })), ["new.1", "new.2"]);
+        assert.equal(await store.events.prune({ before: at(0), keepAtMost: 6 }), 0);
+      });
     });
 
-    test("a transaction rolled back counts nothing: the next event is counted from the newest kept", async () => {
-      const location = await backend.fresh();
-      try {
-        const store = await openStore(location.url, { historyLimit: 50 });
-        try {
-          await store.events.record(plain("first"));
-          await assert.rejects(
-            store.transaction(async (tx) => {
-              await tx.events.record(chunk(["a", "b", "c", "d"]));
-              throw new Error("stopped part-way");
-            }),
-            /stopped part-way/,
-          );
-          await store.events.record(plain("second"));
-          assert.deepEqual(await countsOf(location.url), [
-            ["first", 1, 0],
-            ["second", 1, 1],
-          ]);
-        } finally {
-          await store.close();
-        }
-      } finally {
-        await location.cleanup();
-      }
+    test("what is recorded after a run is counted on from the newest counted, at the next", async () => {
+      await withStore(backend, async (store, url) => {
+        await store.events.record(plain("first"));
+        await store.events.prune(everything);
+        await assert.rejects(
+          store.transaction(async (tx) => {
+            await tx.events.record(chunk(["x", "y"]));
+            throw new Error("stopped part-way");
+          }),
+          /stopped part-way/,
+        );
+        await store.events.recordMany([chunk(["a", "b", "c"]), plain("second")]);
+        await store.events.prune(everything);
+        assert.deepEqual(await countsOf(url), [
+          ["first", 1, 0],
+          ["declarations.sent", 3, 1],
+          ["second", 1, 4],
+        ]);
+      });
+    });
+
+    test("the newest event stays, whatever it counts: a chunk heavier than the bound", async () => {
+      await withStore(backend, async (store) => {
+        await store.events.recordMany([plain("before"), chunk(["a", "b", "c", "d", "e"])]);
+        assert.equal(await store.events.prune({ before: at(0), keepAtMost: 2 }), 1);
+        assert.deepEqual(kinds(await store.events.list({ limit: 100 })), ["declarations.sent"]);
+      });
     });
 
     if (backend.name === "postgres") {
-      test("two recording at once: the count falls behind, never ahead, so the retention keeps more", async () => {
-        const location = await backend.fresh();
-        try {
-          const store = await openStore(location.url, { historyLimit: 50 });
-          try {
-            // The first records its chunk and waits while the second records inside its own transaction: the
-            // second reads the trail's count without the first's uncommitted chunk.
-            let firstRecorded!: () => void;
-            const recordedFirst = new Promise<void>((resolve) => (firstRecorded = resolve));
-            let secondRecorded!: () => void;
-            const recordedSecond = new Promise<void>((resolve) => (secondRecorded = resolve));
-            await Promise.all([
-              store.transaction(async (tx) => {
-                await tx.events.record(chunk(["a", "b", "c", "d", "e"]));
-                firstRecorded();
-                await recordedSecond;
-              }),
-              store.transaction(async (tx) => {
-                await recordedFirst;
-                await tx.events.record(plain("beside"));
-                secondRecorded();
-              }),
-            ]);
-            await store.events.record(plain("after"));
-            const counts = await countsOf(location.url);
-            assert.deepEqual(
-              counts.slice(0, 2).map(([, , before]) => before),
-              [0, 0],
-              "both counted from the same count",
-            );
-            // Counted exactly, the newest six are "after" and "beside" (the chunk's five do not fit): the retention
-            // keeps at least those.
-            await store.events.prune({ before: at(0), keepAtMost: 6 });
-            const kept = kinds(await store.events.list({ limit: 100 }));
-            assert.ok(kept.includes("after") && kept.includes("beside"), kept.join(", "));
-            // And one: "after" alone.
-            await store.events.prune({ before: at(0), keepAtMost: 1 });
-            assert.deepEqual(kinds(await store.events.list({ limit: 100 })), ["after"]);
-          } finally {
-            await store.close();
-          }
-        } finally {
-          await location.cleanup();
-        }
+      test("two recording at once: each counted once it is committed, after those counted before it", async () => {
+        await withStore(backend, async (store, url) => {
+          // The first records its chunk and stays open while the second records and commits, and the retention
+          // runs: it sees the second's event alone (the first's is not committed), and counts it.
+          let firstRecorded!: () => void;
+          const recordedFirst = new Promise<void>((resolve) => (firstRecorded = resolve));
+          let commitFirst!: () => void;
+          const firstMayCommit = new Promise<void>((resolve) => (commitFirst = resolve));
+          const first = store.transaction(async (tx) => {
+            await tx.events.record(chunk(["a", "b", "c", "d", "e"]));
+            firstRecorded();
+            await firstMayCommit;
+          });
+          await recordedFirst;
+          await store.transaction((tx) => tx.events.record(plain("beside")));
+          await store.events.prune(everything);
+          commitFirst();
+          await first;
+          await store.events.record(plain("after"));
+          await store.events.prune(everything);
+          // In the order of ids, the chunk comes first; it is counted after "beside", which was committed first.
+          assert.deepEqual(await countsOf(url), [
+            ["declarations.sent", 5, 1],
+            ["beside", 1, 0],
+            ["after", 1, 6],
+          ]);
+          assert.equal(await store.events.prune({ before: at(0), keepAtMost: 6 }), 1);
+          assert.deepEqual(kinds(await store.events.list({ limit: 100 })), ["declarations.sent", "after"]);
+        });
       });
     }
 
@@ -195,7 +208,17 @@ for (const backend of storeBackends) {
           });
           const { error } = await migrator.migrateTo("0017_accounts_ring");
           assert.equal(error, undefined);
-          for (const event of [plain("old.1"), chunk(["a", "b", "c"]), plain("old.2"), chunk(["d"])]) {
+          const odd = (nodes: unknown): MeshEvent => ({ ...chunk(["p", "q"]), detail: { nodes } });
+          for (const event of [
+            plain("old.1"),
+            chunk(["a", "b", "c"]),
+            plain("old.2"),
+            chunk(["d"]),
+            // Not as a chunk is written: each counts one.
+            odd("7"),
+            odd(2.5),
+            odd(null),
+          ]) {
             await db
               .insertInto("events" as never)
               .values({ ...event, detail: JSON.stringify(event.detail) })
@@ -211,12 +234,19 @@ for (const backend of storeBackends) {
             ["declarations.sent", 3, 1],
             ["old.2", 1, 4],
             ["declarations.sent", 1, 5],
+            ["declarations.sent", 1, 6],
+            ["declarations.sent", 1, 7],
+            ["declarations.sent", 1, 8],
           ]);
           await store.events.record(plain("new.1"));
-          assert.deepEqual((await countsOf(location.url)).at(-1), ["new.1", 1, 6]);
-          assert.equal(await store.events.prune({ before: at(0), keepAtMost: 3 }), 2);
+          assert.deepEqual((await countsOf(location.url)).at(-1), ["new.1", 1, null]);
+          assert.equal(await store.events.prune({ before: at(0), keepAtMost: 6 }), 2);
+          assert.deepEqual((await countsOf(location.url)).at(-1), ["new.1", 1, 9]);
           assert.deepEqual(kinds(await store.events.list({ limit: 100 })), [
             "old.2",
+            "declarations.sent",
+            "declarations.sent",
+            "declarations.sent",
             "declarations.sent",
             "new.1",
           ]);
@@ -229,3 +259,33 @@ for (const backend of storeBackends) {
     });
   });
 }
+
+test("events — on SQLite the retention's statements go through events_counted, not over the whole trail", async () => {
+  await withStore(storeBackends[0] as StoreBackend, async (_store, url) => {
+    const file = new SqliteDatabase(url.slice("sqlite:".length), { readonly: true });
+    const db = new Kysely<Database>({ dialect: new SqliteDialect({ database: file }) });
+    try {
+      const statements = [
+        newestCounted(db).compile(),
+        countRecorded(0).compile(db),
+        db.deleteFrom("events").where("counted_before", "<", 0).compile(),
+      ];
+      for (const { sql: text, parameters } of statements) {
+        const plan = file
+          .prepare(`explain query plan ${text}`)
+          .all(...(parameters as unknown[]))
+          .map((row) => (row as { detail: string }).detail);
+        assert.ok(
+          plan.some((step) => /USING (COVERING )?INDEX events_counted\b/.test(step)),
+          `${text}: through events_counted: ${plan.join(" | ")}`,
+        );
+        assert.ok(
+          !plan.some((step) => /^SCAN (TABLE )?events\b/.test(step) && !/INDEX/.test(step)),
+          `${text}: no pass over the whole trail: ${plan.join(" | ")}`,
+        );
+      }
+    } finally {
+      await db.destroy();
+    }
+  });
+});
