@@ -42,6 +42,22 @@ const vhostDeleteTimeoutMs = 120_000;
 const serverErrorRetries = 3;
 const serverErrorPauseDefaultMs = 150;
 
+/** A call the API took and did not answer in its time. */
+class NoAnswer extends Error {}
+
+/**
+ * What a call that got no answer suggests: refused, that nothing listens there (the plugin off); taken and then
+ * dropped or left unanswered, that the broker is busy with it (deleting a vhost of thousands of users takes it many
+ * minutes) and may have done part of it.
+ */
+function unansweredHint(error: unknown): string {
+  const code = (error as NodeJS.ErrnoException).code;
+  if (code === "ECONNREFUSED") return " (is the rabbitmq_management plugin enabled?)";
+  if (code === "ECONNRESET" || error instanceof NoAnswer)
+    return " (the API took the call and gave no answer: the broker may be busy with it, and may have done part of it)";
+  return "";
+}
+
 export class RabbitManagement {
   private readonly base: URL;
   private readonly agent: http.Agent;
@@ -282,8 +298,7 @@ export class RabbitManagement {
       throw new BusError(
         "broker_unreachable",
         `cannot reach the RabbitMQ management API at ${this.shown} (${method} ${path.split("?")[0]}): ` +
-          `${(error as Error).message}` +
-          " (is the rabbitmq_management plugin enabled?)",
+          `${(error as Error).message}${unansweredHint(error)}`,
         { cause: error },
       );
     }
@@ -333,7 +348,7 @@ export class RabbitManagement {
         },
       );
       const timer = setTimeout(
-        () => request.destroy(new Error(`no answer within ${timeoutMs} ms`)),
+        () => request.destroy(new NoAnswer(`no answer within ${timeoutMs} ms`)),
         timeoutMs,
       );
       request.on("error", (error: NodeJS.ErrnoException) => {
