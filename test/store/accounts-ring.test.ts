@@ -6,13 +6,11 @@
  */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import SqliteDatabase from "better-sqlite3";
-import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from "kysely";
-import pg from "pg";
+import { Migrator, sql } from "kysely";
 import type { AccountRecord } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
 import { migrationProvider } from "../../src/store/migrations.js";
-import { enrolled, storeBackends } from "../support/stores.js";
+import { enrolled, rawStoreDb, storeBackends } from "../support/stores.js";
 
 function account(node: string, n: number): AccountRecord {
   return {
@@ -27,17 +25,8 @@ function account(node: string, n: number): AccountRecord {
   };
 }
 
-/** The store's own tables, read past the store. */
-function rawDb(url: string): Kysely<unknown> {
-  return new Kysely<unknown>({
-    dialect: url.startsWith("sqlite:")
-      ? new SqliteDialect({ database: new SqliteDatabase(url.slice("sqlite:".length)) })
-      : new PostgresDialect({ pool: new pg.Pool({ connectionString: url }) }),
-  });
-}
-
 async function rowsOf(url: string, node: string): Promise<number> {
-  const db = rawDb(url);
+  const db = rawStoreDb(url);
   try {
     const { rows } = await sql<{
       n: number | string;
@@ -152,7 +141,7 @@ for (const backend of storeBackends) {
     test("a store of the release before: each node's newest accounts carried over in order, numbered on after", async () => {
       const location = await backend.fresh();
       try {
-        const db = rawDb(location.url);
+        const db = rawStoreDb(location.url);
         try {
           const migrator = new Migrator({
             db,

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { generateKeyPairSync } from "node:crypto";
 import { describe, test } from "node:test";
 import SqliteDatabase from "better-sqlite3";
-import { Kysely, Migrator, PostgresDialect, SqliteDialect } from "kysely";
+import { Migrator } from "kysely";
 import pg from "pg";
 import { fingerprint, openDeclaration, sealDeclaration } from "../../src/keys/index.js";
 import type { DeclaredItem } from "../../src/link/index.js";
@@ -22,7 +22,7 @@ import { migrationProvider } from "../../src/store/migrations.js";
 import type { NewDeclaration, Store } from "../../src/store/index.js";
 import { itemsKeptUnusedMs, keptItems, openStore } from "../../src/store/index.js";
 import type { StoreBackend } from "../support/stores.js";
-import { enrolled, freshStoreForSuite, storeBackends } from "../support/stores.js";
+import { enrolled, freshStoreForSuite, rawStoreDb, storeBackends } from "../support/stores.js";
 
 const options = { historyLimit: 3 };
 const { privateKey, publicKey } = generateKeyPairSync("ed25519");
@@ -221,12 +221,7 @@ for (const backend of storeBackends) {
       const location = await backend.fresh();
       try {
         // The store as the release before left it: every migration up to the one that keeps compositions apart.
-        const db = new Kysely<unknown>({
-          dialect:
-            backend.name === "sqlite"
-              ? new SqliteDialect({ database: new SqliteDatabase(location.url.slice("sqlite:".length)) })
-              : new PostgresDialect({ pool: new pg.Pool({ connectionString: location.url }) }),
-        });
+        const db = rawStoreDb(location.url);
         const envelope = (() => {
           const items = [file("/etc/old", "kept whole\n")];
           const bytes = declarationEncoder(

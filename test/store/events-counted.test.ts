@@ -8,15 +8,14 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import SqliteDatabase from "better-sqlite3";
-import { Kysely, Migrator, PostgresDialect, SqliteDialect, sql } from "kysely";
-import pg from "pg";
+import { Kysely, Migrator, SqliteDialect, sql } from "kysely";
 import { countRecorded, newestCounted } from "../../src/store/events.js";
 import type { MeshEvent, SentInChunk, Store } from "../../src/store/index.js";
 import { declarationsSentEvent, eventWeight, openStore } from "../../src/store/index.js";
 import { migrationProvider } from "../../src/store/migrations.js";
 import type { Database } from "../../src/store/schema.js";
 import type { StoreBackend } from "../support/stores.js";
-import { storeBackends } from "../support/stores.js";
+import { rawStoreDb, storeBackends } from "../support/stores.js";
 
 const at = (second: number) => new Date(Date.UTC(2026, 0, 1, 0, 0, second)).toISOString();
 
@@ -38,11 +37,7 @@ const kinds = (events: readonly MeshEvent[]) => events.map((event) => event.kind
 
 /** Each event's weight and count before it, oldest first, read past the store. */
 async function countsOf(url: string): Promise<Array<[string, number, number | null]>> {
-  const db = new Kysely<unknown>({
-    dialect: url.startsWith("sqlite:")
-      ? new SqliteDialect({ database: new SqliteDatabase(url.slice("sqlite:".length)) })
-      : new PostgresDialect({ pool: new pg.Pool({ connectionString: url, max: 1 }) }),
-  });
+  const db = rawStoreDb(url);
   try {
     const { rows } = await sql<{
       kind: string;
@@ -195,12 +190,7 @@ for (const backend of storeBackends) {
     test("a store of the release before: its events counted in order when migrated, and counted on after", async () => {
       const location = await backend.fresh();
       try {
-        const db = new Kysely<unknown>({
-          dialect:
-            backend.name === "sqlite"
-              ? new SqliteDialect({ database: new SqliteDatabase(location.url.slice("sqlite:".length)) })
-              : new PostgresDialect({ pool: new pg.Pool({ connectionString: location.url, max: 1 }) }),
-        });
+        const db = rawStoreDb(location.url);
         try {
           const migrator = new Migrator({
             db,

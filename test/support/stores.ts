@@ -1,6 +1,9 @@
 /** The store backends every store test runs against: a SQLite file and a fresh PostgreSQL database. */
 import { join } from "node:path";
 import { after, before } from "node:test";
+import SqliteDatabase from "better-sqlite3";
+import { Kysely, PostgresDialect, SqliteDialect } from "kysely";
+import pg from "pg";
 import type { NewDeclaration, Store, StoreOptions } from "../../src/store/index.js";
 import { keptItems, openStore } from "../../src/store/index.js";
 import { scratchDatabase } from "./postgres.js";
@@ -31,6 +34,15 @@ export const storeBackends: readonly StoreBackend[] = [
     },
   },
 ];
+
+/** The store's own tables at `url`, past the store: for tests of its layout and of its migrations. */
+export function rawStoreDb(url: string): Kysely<unknown> {
+  return new Kysely<unknown>({
+    dialect: url.startsWith("sqlite:")
+      ? new SqliteDialect({ database: new SqliteDatabase(url.slice("sqlite:".length)) })
+      : new PostgresDialect({ pool: new pg.Pool({ connectionString: url }) }),
+  });
+}
 
 /** Invites `node` with a token of its own and enrols it at `at`, as an answered enrolment leaves the store. */
 export async function enrolled(store: Store, node: string, at: Date, profile = "{}"): Promise<void> {
