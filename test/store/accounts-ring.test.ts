@@ -6,11 +6,10 @@
  */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { Migrator, sql } from "kysely";
+import { sql } from "kysely";
 import type { AccountRecord } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
-import { migrationProvider } from "../../src/store/migrations.js";
-import { enrolled, rawStoreDb, storeBackends } from "../support/stores.js";
+import { enrolled, migrateStoreTo, rawStoreDb, storeBackends } from "../support/stores.js";
 
 function account(node: string, n: number): AccountRecord {
   return {
@@ -143,12 +142,7 @@ for (const backend of storeBackends) {
       try {
         const db = rawStoreDb(location.url);
         try {
-          const migrator = new Migrator({
-            db,
-            provider: migrationProvider(backend.name, { historyLimit: 3 }),
-          });
-          const { error } = await migrator.migrateTo("0016_crossings_by_node");
-          assert.equal(error, undefined);
+          await migrateStoreTo(db, backend.name, "0016_crossings_by_node", 3);
           for (const name of ["old-1", "old-2", "old-3"]) {
             await db
               .insertInto("nodes" as never)

@@ -8,7 +8,6 @@ import assert from "node:assert/strict";
 import { generateKeyPairSync } from "node:crypto";
 import { describe, test } from "node:test";
 import SqliteDatabase from "better-sqlite3";
-import { Migrator } from "kysely";
 import pg from "pg";
 import { fingerprint, openDeclaration, sealDeclaration } from "../../src/keys/index.js";
 import type { DeclaredItem } from "../../src/link/index.js";
@@ -18,11 +17,16 @@ import {
   itemsDigest,
   parseDeclarationEnvelope,
 } from "../../src/link/index.js";
-import { migrationProvider } from "../../src/store/migrations.js";
 import type { NewDeclaration, Store } from "../../src/store/index.js";
 import { itemsKeptUnusedMs, keptItems, openStore } from "../../src/store/index.js";
 import type { StoreBackend } from "../support/stores.js";
-import { enrolled, freshStoreForSuite, rawStoreDb, storeBackends } from "../support/stores.js";
+import {
+  enrolled,
+  freshStoreForSuite,
+  migrateStoreTo,
+  rawStoreDb,
+  storeBackends,
+} from "../support/stores.js";
 
 const options = { historyLimit: 3 };
 const { privateKey, publicKey } = generateKeyPairSync("ed25519");
@@ -239,12 +243,7 @@ for (const backend of storeBackends) {
           };
         })();
         try {
-          const migrator = new Migrator({
-            db,
-            provider: migrationProvider(backend.name, { historyLimit: 50 }),
-          });
-          const { error } = await migrator.migrateTo("0013_valid_tokens_by_expiry");
-          assert.equal(error, undefined);
+          await migrateStoreTo(db, backend.name, "0013_valid_tokens_by_expiry");
           await db
             .insertInto("nodes" as never)
             .values({ name: "old-1", state: "enrolled", created_at: "2026-11-01T00:00:00.000Z" })

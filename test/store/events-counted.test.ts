@@ -8,14 +8,13 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import SqliteDatabase from "better-sqlite3";
-import { Kysely, Migrator, SqliteDialect, sql } from "kysely";
+import { Kysely, SqliteDialect, sql } from "kysely";
 import { countRecorded, newestCounted } from "../../src/store/events.js";
 import type { MeshEvent, SentInChunk, Store } from "../../src/store/index.js";
 import { declarationsSentEvent, eventWeight, openStore } from "../../src/store/index.js";
-import { migrationProvider } from "../../src/store/migrations.js";
 import type { Database } from "../../src/store/schema.js";
 import type { StoreBackend } from "../support/stores.js";
-import { rawStoreDb, storeBackends } from "../support/stores.js";
+import { migrateStoreTo, rawStoreDb, storeBackends } from "../support/stores.js";
 
 const at = (second: number) => new Date(Date.UTC(2026, 0, 1, 0, 0, second)).toISOString();
 
@@ -192,12 +191,7 @@ for (const backend of storeBackends) {
       try {
         const db = rawStoreDb(location.url);
         try {
-          const migrator = new Migrator({
-            db,
-            provider: migrationProvider(backend.name, { historyLimit: 50 }),
-          });
-          const { error } = await migrator.migrateTo("0017_accounts_ring");
-          assert.equal(error, undefined);
+          await migrateStoreTo(db, backend.name, "0017_accounts_ring");
           const odd = (nodes: unknown): MeshEvent => ({ ...chunk(["p", "q"]), detail: { nodes } });
           for (const event of [
             plain("old.1"),

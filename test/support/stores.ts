@@ -2,10 +2,11 @@
 import { join } from "node:path";
 import { after, before } from "node:test";
 import SqliteDatabase from "better-sqlite3";
-import { Kysely, PostgresDialect, SqliteDialect } from "kysely";
+import { Kysely, Migrator, PostgresDialect, SqliteDialect } from "kysely";
 import pg from "pg";
 import type { NewDeclaration, Store, StoreOptions } from "../../src/store/index.js";
 import { keptItems, openStore } from "../../src/store/index.js";
+import { migrationProvider } from "../../src/store/migrations.js";
 import { scratchDatabase } from "./postgres.js";
 import { tempDir } from "./tmp.js";
 
@@ -42,6 +43,21 @@ export function rawStoreDb(url: string): Kysely<unknown> {
       ? new SqliteDialect({ database: new SqliteDatabase(url.slice("sqlite:".length)) })
       : new PostgresDialect({ pool: new pg.Pool({ connectionString: url }) }),
   });
+}
+
+/**
+ * Migrates the store `db` holds up to `migration` and no further, as the release that ended with it left it; its
+ * `historyLimit` is the one the migrations are given.
+ */
+export async function migrateStoreTo(
+  db: Kysely<unknown>,
+  backend: StoreBackend["name"],
+  migration: string,
+  historyLimit = 50,
+): Promise<void> {
+  const migrator = new Migrator({ db, provider: migrationProvider(backend, { historyLimit }) });
+  const { error } = await migrator.migrateTo(migration);
+  if (error !== undefined) throw new Error(`the store did not migrate to ${migration}`, { cause: error });
 }
 
 /** Invites `node` with a token of its own and enrols it at `at`, as an answered enrolment leaves the store. */
