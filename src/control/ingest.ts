@@ -59,9 +59,10 @@ export interface IngestContext {
    */
   storeFailed?: (error: unknown, handedBack: number) => Promise<boolean>;
   /**
-   * Receipts go out at most this often (default 0: each batch's once it is written). Those of the batches between
-   * wait, and each node is sent one for its newest report of them all: draining a backlog, nearly every batch holds
-   * a report of nearly every node, and a node keeps only its newest pending.
+   * A node sent a receipt less than this long ago (default 0: none) waits for the next sending of all those waiting,
+   * at most this often, and is then sent one for its newest report of the batches between: draining a backlog, nearly
+   * every batch holds a report of nearly every node, and a node keeps only its newest pending. Any other node is
+   * answered as soon as its batch is written.
    */
   receiptsEveryMs?: number;
   /** Told how many receipts each sending holds, as it goes (the control plane's metrics). */
@@ -96,8 +97,13 @@ export class Ingest {
   private receiptsOnTheirWay: Promise<void> = Promise.resolve();
   /** Receipts of batches written, not sent yet (`receiptsEveryMs`). */
   private readonly unsent = new Answers();
-  /** When receipts were last sent (ms, by the context's clock). */
+  /** When the receipts held for the period were last sent, all together (ms, by the context's clock). */
   private receiptsSentAt = Number.NEGATIVE_INFINITY;
+  /**
+   * When each node was last sent a receipt (ms), in the order they were sent: only those within the period are kept,
+   * and only those wait for the period's sending. Bounded by the fleet: one entry a node.
+   */
+  private readonly answeredAt = new Map<string, number>();
   private receiptTimer: NodeJS.Timeout | undefined;
   private closed = false;
 
@@ -163,7 +169,7 @@ export class Ingest {
         if (known === undefined || known < spokeAt) this.seen.set(node, spokeAt);
       }
       this.unsent.take(batch.answers);
-      await this.sendReceipts();
+      await this.sendReceipts(false, batch.answers.nodes());
       await this.catchUp(batch.holds);
       return deliveries.map(() => "done");
     } catch (error) {
@@ -187,16 +193,23 @@ export class Ingest {
   }
 
   /**
-   * Sends the receipts of the batches written, unless some went out less than `receiptsEveryMs` ago: then a timer
-   * sends them when that time is up. A node sends a report again until its receipt comes, and a report kept twice is
+   * Sends the receipts of the batches written. A node sent one less than `receiptsEveryMs` ago waits for the period's
+   * sending, which sends every receipt waiting once the period since the last such sending is up (a timer, when no
+   * batch comes then); any other node is answered at once. So a node reporting after a quiet time hears at once (a
+   * roll-out's nodes, each reporting once), and a node whose reports keep coming (a backlog drained) is sent about one
+   * receipt a period, for its newest. A node sends a report again until its receipt comes, and a report kept twice is
    * taken quietly: so a batch is acknowledged without waiting for the broker to confirm its receipts. One sending may
    * be on its way while the next batch is handled, no more.
    */
-  private async sendReceipts(due = false): Promise<void> {
+  private async sendReceipts(due: boolean, heard: readonly string[] = []): Promise<void> {
     if (this.closed || this.unsent.size === 0) return;
     const everyMs = this.context.receiptsEveryMs ?? 0;
-    const waitMs = this.receiptsSentAt + everyMs - this.context.now().getTime();
-    if (!due && waitMs > 0) {
+    const now = this.context.now().getTime();
+    this.forgetAnsweredBefore(now - everyMs);
+    const waitMs = this.receiptsSentAt + everyMs - now;
+    const all = due || waitMs <= 0;
+    const atOnce = all ? [] : heard.filter((node) => !this.answeredAt.has(node));
+    if (!all) {
       // A clock set back waits no longer than the period.
       this.receiptTimer ??= setTimeout(
         () => {
@@ -207,14 +220,21 @@ export class Ingest {
         },
         Math.min(waitMs, everyMs),
       );
-      return;
+      if (atOnce.length === 0) return;
     }
-    clearTimeout(this.receiptTimer);
-    this.receiptTimer = undefined;
     await this.receiptsOnTheirWay;
-    const receipts = this.unsent.drain();
-    if (this.closed || receipts.length === 0) return;
-    this.receiptsSentAt = this.context.now().getTime();
+    if (this.closed) return;
+    if (all) {
+      clearTimeout(this.receiptTimer);
+      this.receiptTimer = undefined;
+      this.receiptsSentAt = now;
+    }
+    const receipts = all ? this.unsent.drain() : this.unsent.drain(atOnce);
+    if (receipts.length === 0) return;
+    for (const { node } of receipts) {
+      this.answeredAt.delete(node);
+      this.answeredAt.set(node, now);
+    }
     this.context.receiptsSent?.(receipts.length);
     this.receiptsOnTheirWay = Promise.all(
       receipts.map(({ node, receipt }) => this.context.bus.publishReceipt(node, encodeReceipt(receipt))),
@@ -227,6 +247,14 @@ export class Ingest {
           note: "their nodes send the reports again",
         }),
     );
+  }
+
+  /** Forgets the nodes answered at or before `cutoff`, oldest first (a clock set back keeps the rest a period). */
+  private forgetAnsweredBefore(cutoff: number): void {
+    for (const [node, at] of this.answeredAt) {
+      if (at > cutoff) return;
+      this.answeredAt.delete(node);
+    }
   }
 
   /**
@@ -717,17 +745,21 @@ class Answers {
     }
   }
 
-  /** The receipts to send, which are then no longer held here. */
-  drain(): Array<{ node: string; receipt: Receipt }> {
-    const receipts = [...this.byNode].flatMap(([node, { newest, last }]) =>
-      newest === last
-        ? [{ node, receipt: newest }]
-        : [
-            { node, receipt: newest },
-            { node, receipt: last },
-          ],
-    );
-    this.byNode.clear();
+  /** The nodes answered. */
+  nodes(): string[] {
+    return [...this.byNode.keys()];
+  }
+
+  /** The receipts to send (every node's, or those of `nodes`), which are then no longer held here. */
+  drain(nodes?: readonly string[]): Array<{ node: string; receipt: Receipt }> {
+    const receipts: Array<{ node: string; receipt: Receipt }> = [];
+    for (const node of nodes ?? [...this.byNode.keys()]) {
+      const answers = this.byNode.get(node);
+      if (answers === undefined) continue;
+      receipts.push({ node, receipt: answers.newest });
+      if (answers.last !== answers.newest) receipts.push({ node, receipt: answers.last });
+      this.byNode.delete(node);
+    }
     return receipts;
   }
 }

@@ -385,6 +385,42 @@ for (const backend of storeBackends) {
       );
     });
 
+    test("ingest — a node not answered within the period is answered at once; one answered waits for the period's sending", async () => {
+      for (const node of ["ra1", "ra2", "ra3"]) await enrol(node, clock);
+      const sent: string[] = [];
+      const sentBus = busDoing("publishReceipt", (node: string, body: Uint8Array) => {
+        const { report_sequence } = JSON.parse(new TextDecoder().decode(body)) as { report_sequence: number };
+        sent.push(`${node} ${report_sequence}`);
+        return Promise.resolve();
+      });
+      // A period far longer than the test: what is sent is decided by the clock given, never by a timer.
+      const paced = ingestOn(sentBus, { receiptsEveryMs: 3_600_000 });
+      const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
+      const batch = (...reports: Array<[string, number]>) =>
+        paced.handleBatch(reports.map(([node, n]) => delivery("report", node, report(node, n))));
+      try {
+        await batch(["ra1", 1]);
+        assert.deepEqual(sent.splice(0), ["ra1 1"]);
+        later(1000);
+        // Within ra1's period: ra2, never answered, hears at once; ra1 waits.
+        await batch(["ra1", 2], ["ra2", 1]);
+        assert.deepEqual(sent.splice(0), ["ra2 1"]);
+        later(1000);
+        await batch(["ra2", 2], ["ra3", 1]);
+        assert.deepEqual(sent.splice(0), ["ra3 1"], "ra2 was answered a second ago: it waits");
+        later(3_600_000);
+        // The period's sending: everything waiting, whenever its node was last answered.
+        await batch(["ra3", 2]);
+        assert.deepEqual(sent.splice(0).sort(), ["ra1 2", "ra2 2", "ra3 2"]);
+        later(1000);
+        await batch(["ra1", 3]);
+        assert.deepEqual(sent, [], "answered by the period's sending a second ago");
+      } finally {
+        paced.close();
+      }
+      assert.deepEqual(sent, [], "closed: what waited is not sent");
+    });
+
     test("ingest — a node behind its latest declaration is sent it again only once it had time to take it", async () => {
       await enrol("lag-1", clock);
       const resent: string[] = [];
