@@ -31,7 +31,7 @@ const reasonText = z
   .refine((text) => fitsBytes(text), { error: `expected at most ${reasonMaxBytes} bytes of UTF-8` });
 
 /** True when `text` is the canonical base64 (or base64url, unpadded) spelling of exactly `length` bytes. */
-function encodesBytes(text: string, encoding: "base64" | "base64url", length: number): boolean {
+export function encodesBytes(text: string, encoding: "base64" | "base64url", length: number): boolean {
   const expectedChars = encoding === "base64" ? 4 * Math.ceil(length / 3) : Math.ceil((length * 4) / 3);
   if (text.length !== expectedChars) return false;
   // Buffer skips characters outside the alphabet, so only a round trip proves the text is what it claims.
@@ -45,14 +45,15 @@ function base64Bytes(length: number, what: string) {
   });
 }
 
-function isCanonicalBase64(text: string): boolean {
+export function isCanonicalBase64(text: string): boolean {
   return text.length > 0 && text.length % 4 === 0 && Buffer.from(text, "base64").toString("base64") === text;
 }
 
 const ed25519PublicKey = base64Bytes(32, "a raw Ed25519 public key");
 
 /** `SHA256:` and the unpadded base64 of a SHA-256 digest, as ssh-keygen prints a key's fingerprint. */
-const fingerprint = z.string().regex(/^SHA256:[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]$/, {
+export const fingerprintPattern = /^SHA256:[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]$/;
+const fingerprint = z.string().regex(fingerprintPattern, {
   error: 'expected a fingerprint: "SHA256:" and 43 characters of unpadded base64',
 });
 

@@ -3,7 +3,7 @@ import { z } from "zod";
 import { ContractError } from "./errors.js";
 import type { DeclaredItem } from "./items.js";
 import { declaredItemSchema, itemIdOf } from "./items.js";
-import { isCount, isNodeName, isTimestamp, quickAlive, quickReport } from "./quick-check.js";
+import { isCount, isNodeName, isTimestamp, quickAlive, quickEnvelope, quickReport } from "./quick-check.js";
 import {
   declarationEpoch,
   declarationSequence,
@@ -47,10 +47,14 @@ export function parseMessage<K extends MessageKind>(kind: K, input: unknown): Me
   return checkMessage(kind, input);
 }
 
-/** The kinds read for nearly every message a node sends, with a check for their plain shape (`quick-check.ts`). */
+/**
+ * The kinds read for nearly every message a node sends, and for every declaration a node takes, with a check for
+ * their plain shape (`quick-check.ts`).
+ */
 const quickChecks: { [K in MessageKind]?: (value: unknown) => MessageOf<K> | undefined } = {
   report: quickReport,
   alive: quickAlive,
+  declaration_envelope: quickEnvelope,
 };
 
 /** Checks a value JSON.parse made: its plain shape quickly where that is known, anything else by the schema. */

@@ -1,16 +1,25 @@
 /**
- * The control plane reads a report or an alive for nearly every message a node sends, and nearly all of them are
- * the plain shape a current agent writes. That shape is checked here field by field, with the schema's own patterns
- * and bounds, and the message built as the schema builds it (unknown fields dropped). Anything else — a field out of
- * its range, a type it does not expect, half an ordering — is not decided here: the answer is `undefined`, and the
- * schema reads the value, accepting or refusing it with its reasons. A property test holds these to the schemas.
+ * The control plane reads a report or an alive for nearly every message a node sends, and a node an envelope for every
+ * declaration it takes; nearly all of them are the plain shape the mesh's own code writes. That shape is checked here
+ * field by field, with the schema's own patterns and bounds, and the message built as the schema builds it (unknown
+ * fields dropped). Anything else — a field out of its range, a type it does not expect, half an ordering — is not
+ * decided here: the answer is `undefined`, and the schema reads the value, accepting or refusing it with its reasons. A
+ * property test holds these to the schemas.
  *
  * Only plain data is given here (values JSON.parse made, or messages the code itself composed), whose fields are read
  * without side effects.
  */
 import { fitsBytes } from "./bounds.js";
-import type { Alive, Report } from "./messages.js";
-import { digestPattern, itemIdMaxChars, itemIdPattern, timestampPattern } from "./messages.js";
+import type { Alive, DeclarationEnvelope, Report } from "./messages.js";
+import {
+  digestPattern,
+  encodesBytes,
+  fingerprintPattern,
+  isCanonicalBase64,
+  itemIdMaxChars,
+  itemIdPattern,
+  timestampPattern,
+} from "./messages.js";
 import { nodeNamePattern } from "./names.js";
 
 type Fields = Record<string, unknown>;
@@ -97,4 +106,16 @@ export function quickAlive(value: unknown): Alive | undefined {
     alive.holds = { epoch: holds.epoch, sequence: holds.sequence };
   }
   return alive;
+}
+
+/** A declaration's envelope, as the schema would give it; undefined for anything the schema must decide. */
+export function quickEnvelope(value: unknown): DeclarationEnvelope | undefined {
+  if (!isFields(value)) return undefined;
+  const { kind, payload, signature, signer } = value;
+  // The schema is strict: a field it does not know is its to refuse, in its words.
+  if (Object.keys(value).length !== 4 || kind !== "declaration_envelope") return undefined;
+  if (typeof signer !== "string" || !fingerprintPattern.test(signer)) return undefined;
+  if (typeof signature !== "string" || !encodesBytes(signature, "base64", 64)) return undefined;
+  if (typeof payload !== "string" || !isCanonicalBase64(payload)) return undefined;
+  return { kind, payload, signature, signer };
 }

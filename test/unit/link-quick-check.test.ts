@@ -1,5 +1,5 @@
 /**
- * Reports and alives in their plain shape are checked without their schema: whatever the quick check takes must
+ * Reports, alives and declarations' envelopes in their plain shape are checked without their schema: whatever the quick check takes must
  * be taken by the schema too, as the very same message, and anything else must be left to the schema.
  */
 import assert from "node:assert/strict";
@@ -7,8 +7,8 @@ import { test } from "node:test";
 import fc from "fast-check";
 
 import { messageSchemas } from "../../src/link/messages.js";
-import { parseAlive, parseReportText } from "../../src/link/index.js";
-import { quickAlive, quickReport } from "../../src/link/quick-check.js";
+import { parseAlive, parseDeclarationEnvelope, parseReportText } from "../../src/link/index.js";
+import { quickAlive, quickEnvelope, quickReport } from "../../src/link/quick-check.js";
 
 /** A field left out of the message altogether. */
 const absent = Symbol("absent");
@@ -156,6 +156,44 @@ const alives = message(
   }),
 );
 
+/** Base64 of `bytes`, canonical or not: padding dropped, a last character with bits the bytes do not have. */
+function base64Of(bytes: fc.Arbitrary<Uint8Array>): fc.Arbitrary<string> {
+  return bytes.chain((raw) => {
+    const text = Buffer.from(raw).toString("base64");
+    return fc.oneof(
+      { weight: 8, arbitrary: fc.constant(text) },
+      fc.constant(text.replace(/=+$/, "")),
+      fc.constant(
+        text.length === 0 ? "=" : `${text.slice(0, -3)}${text.endsWith("=") ? "B" : "/"}${text.slice(-2)}`,
+      ),
+      fc.constant(` ${text}`),
+      fc.constant(text.replaceAll("+", "-")),
+    );
+  });
+}
+const envelopes = message(
+  fc.record({
+    kind: field(fc.constant("declaration_envelope"), fc.constantFrom("declaration", "report", null)),
+    payload: field(
+      base64Of(fc.uint8Array({ maxLength: 300 })),
+      fc.constantFrom("", "====", "AA==AA==", 7, null),
+    ),
+    signature: field(
+      base64Of(fc.uint8Array({ minLength: 64, maxLength: 64 })),
+      fc.oneof(base64Of(fc.uint8Array({ minLength: 62, maxLength: 66 })), fc.constantFrom("", null, 64)),
+    ),
+    signer: field(
+      base64Of(fc.uint8Array({ minLength: 32, maxLength: 32 })).map(
+        (text) => `SHA256:${text.replace(/=+$/, "")}`,
+      ),
+      fc.oneof(
+        fc.stringMatching(/^SHA256:[A-Za-z0-9+/=]{40,45}$/),
+        fc.constantFrom("", "sha256:abc", `SHA256:${"A".repeat(43)}\n`, null),
+      ),
+    ),
+  }),
+);
+
 /**
  * Holds `quick` to `schema` over values JSON.parse made from generated messages: what it takes, the schema takes as
  * the same message. Gives back how many the schema took and how many of those the quick check took.
@@ -163,7 +201,7 @@ const alives = message(
 function holdsTo(
   arbitrary: fc.Arbitrary<object>,
   quick: (value: unknown) => unknown,
-  schema: (typeof messageSchemas)["report" | "alive"],
+  schema: (typeof messageSchemas)["report" | "alive" | "declaration_envelope"],
 ): { valid: number; taken: number; runs: number } {
   let valid = 0;
   let taken = 0;
@@ -198,6 +236,12 @@ test("quick check of alives — what it takes, the schema takes as the same aliv
   const { valid, taken, runs } = holdsTo(alives, quickAlive, messageSchemas.alive);
   assert.ok(valid > runs / 20, `only ${valid} of ${runs} generated alives were valid`);
   assert.equal(taken, valid, `the quick check took ${taken} of the ${valid} valid alives`);
+});
+
+test("quick check of envelopes — what it takes, the schema takes as the same envelope; the rest is the schema's", () => {
+  const { valid, taken, runs } = holdsTo(envelopes, quickEnvelope, messageSchemas.declaration_envelope);
+  assert.ok(valid > runs / 20, `only ${valid} of ${runs} generated envelopes were valid`);
+  assert.equal(taken, valid, `the quick check took ${taken} of the ${valid} valid envelopes`);
 });
 
 test("quick check — a current agent's report and alive are taken quickly, with unknown fields dropped", () => {
@@ -254,5 +298,21 @@ test("quick check — refusals still come from the schema, with its reasons", ()
   assert.throws(
     () => parseAlive(JSON.stringify({ kind: "alive", node: "web-1", sent_at: "yesterday" })),
     /alive\.sent_at: expected an ISO 8601 timestamp/,
+  );
+  const envelope = {
+    kind: "declaration_envelope",
+    payload: "e30=",
+    signature: Buffer.alloc(64, 7).toString("base64"),
+    signer: `SHA256:${Buffer.alloc(32, 9).toString("base64").replace(/=+$/, "")}`,
+  };
+  assert.deepStrictEqual(parseDeclarationEnvelope(JSON.stringify(envelope)), envelope);
+  assert.equal(quickEnvelope({ ...envelope, signed_by: "me" }), undefined);
+  assert.throws(
+    () => parseDeclarationEnvelope(JSON.stringify({ ...envelope, signed_by: "me" })),
+    /declaration_envelope: unknown field "signed_by"/,
+  );
+  assert.throws(
+    () => parseDeclarationEnvelope(JSON.stringify({ ...envelope, payload: "e30" })),
+    /declaration_envelope\.payload: expected the declaration's bytes in base64/,
   );
 });
