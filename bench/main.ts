@@ -1,6 +1,7 @@
 /**
  * `npm run bench`: the control plane's figures, each beside a baseline measured in the same run, in one table,
- * and the same figures as JSON under bench/results/.
+ * and the same figures as JSON under bench/results/. It runs this process, the simulated fleet's, with a young
+ * generation of 64 MiB (`--max-semi-space-size=64`): see the README's benchmarks.
  *
  *   npm run bench -- [--nodes 1000] [--broker nats|amqp]
  *                    [--only enrolment,steady,fanout,convergence,plan,ingest,failover]
@@ -222,6 +223,8 @@ const result = {
     }).trim() !== "",
   date: new Date().toISOString(),
   node: process.version,
+  // The flags this process (the simulated fleet's) ran with: `npm run bench` gives its young generation 64 MiB.
+  fleet_node_flags: process.execArgv.filter((flag) => flag !== "--import" && flag !== "tsx"),
   broker: brokerVersion,
   cores: cpus().length,
   cpu_model: cpus()[0]?.model ?? "unknown",

@@ -256,7 +256,10 @@ export class HostState {
   /** Records the declaration just applied, so a restarted agent knows which ones are older. */
   recordApplied(applied: AppliedDeclaration): void {
     const checked = this.check(appliedSchema, applied, "applied declaration");
-    this.writePrivate(stateFiles.applied, `${JSON.stringify(checked)}\n`);
+    const text = `${JSON.stringify(checked)}\n`;
+    this.writePrivate(stateFiles.applied, text);
+    // What was written is what a read of it gives: the next read of the same text is not parsed again.
+    this.appliedRead = { text, applied: Object.freeze(checked) };
   }
 
   /**
