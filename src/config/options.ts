@@ -56,9 +56,9 @@ export interface ControlPeriods {
   /** How often batched `last_seen` times are written. */
   flushEveryMs: number;
   /**
-   * How long a node sent a receipt waits for its next: it is then sent one for its newest report of the batches
-   * between, well within the interval after which it sends a report again (a twelfth of the threshold, between 250 ms
-   * and 1 s). A node not sent one within it is answered at once.
+   * The period of receipts (a twelfth of the threshold, between 250 ms and 1 s): a node not sent one within it is
+   * answered at once; the others wait for the period's sending, at most once a period, which sends each one for its
+   * newest report of the batches between, well within the interval after which a node sends a report again.
    */
   receiptsEveryMs: number;
   /** How often liveness is checked for crossings: a quarter of the threshold, between 250 ms and 5 s. */
@@ -212,13 +212,13 @@ export function compileMeshOptions(input: CompileInput): MeshOptions {
 
 /**
  * The control plane's periods. Liveness is checked often enough that a crossing is seen within a quarter of the
- * threshold (at most every 5 s, at least every 250 ms). A node answered with a receipt waits a twelfth of the threshold
- * for its next, between 250 ms and 1 s: a node says alive a few times within the threshold (every 15 s against the
- * default 45 s) and sends its pending report again only after a whole such interval, so its receipt still comes long
- * before; and each sending costs the control plane and the broker a message for every node heard since the last, which
- * in a backlog is every node several times a second. The retention runs every ten minutes: refusals are told at most
- * once a minute per node and kind, so between two runs a fleet adds a bounded number of rows, and the trail stays near
- * its limit without a delete on every tick.
+ * threshold (at most every 5 s, at least every 250 ms). Receipts go out at once to a node not sent one within the last
+ * twelfth of the threshold (between 250 ms and 1 s), and to the others at most that often: a node says alive a few
+ * times within the threshold (every 15 s against the default 45 s) and sends its pending report again only after a
+ * whole such interval, so its receipt still comes long before; and each sending costs the control plane and the broker
+ * a message for every node heard since the last, which in a backlog is every node several times a second. The retention
+ * runs every ten minutes: refusals are told at most once a minute per node and kind, so between two runs a fleet adds a
+ * bounded number of rows, and the trail stays near its limit without a delete on every tick.
  */
 export function controlPeriods(outOfTouchAfterMs: number): ControlPeriods {
   return {

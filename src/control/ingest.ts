@@ -203,27 +203,18 @@ export class Ingest {
    */
   private async sendReceipts(due: boolean, heard: readonly string[] = []): Promise<void> {
     if (this.closed || this.unsent.size === 0) return;
-    const everyMs = this.context.receiptsEveryMs ?? 0;
-    const now = this.context.now().getTime();
-    this.forgetAnsweredBefore(now - everyMs);
-    const waitMs = this.receiptsSentAt + everyMs - now;
-    const all = due || waitMs <= 0;
-    const atOnce = all ? [] : heard.filter((node) => !this.answeredAt.has(node));
-    if (!all) {
-      // A clock set back waits no longer than the period.
-      this.receiptTimer ??= setTimeout(
-        () => {
-          this.receiptTimer = undefined;
-          this.sendReceipts(true).catch((error: unknown) =>
-            this.context.log.error("receipt.not_sent", { error: errorText(error) }),
-          );
-        },
-        Math.min(waitMs, everyMs),
-      );
-      if (atOnce.length === 0) return;
-    }
-    await this.receiptsOnTheirWay;
+    // Nothing to send now: the receipts wait for the period's sending, and the batch does not wait for the last one.
+    if (this.choose(due, heard) === undefined) return;
+    // Another call may start a sending while this one waits: it waits until none is on its way, and chooses again.
+    let onItsWay: Promise<void>;
+    do {
+      onItsWay = this.receiptsOnTheirWay;
+      await onItsWay;
+    } while (onItsWay !== this.receiptsOnTheirWay);
     if (this.closed) return;
+    const chosen = this.choose(due, heard);
+    if (chosen === undefined) return;
+    const { all, atOnce, now } = chosen;
     if (all) {
       clearTimeout(this.receiptTimer);
       this.receiptTimer = undefined;
@@ -249,7 +240,40 @@ export class Ingest {
     );
   }
 
-  /** Forgets the nodes answered at or before `cutoff`, oldest first (a clock set back keeps the rest a period). */
+  /**
+   * What to send now: everything waiting once the period's sending is due, or else the nodes of `heard` not answered
+   * within the period, with the timer set for the period's sending; undefined when there is nothing to send now.
+   */
+  private choose(
+    due: boolean,
+    heard: readonly string[],
+  ): { all: boolean; atOnce: readonly string[]; now: number } | undefined {
+    if (this.unsent.size === 0) return undefined;
+    const everyMs = this.context.receiptsEveryMs ?? 0;
+    const now = this.context.now().getTime();
+    this.forgetAnsweredBefore(now - everyMs);
+    const waitMs = this.receiptsSentAt + everyMs - now;
+    if (due || waitMs <= 0) return { all: true, atOnce: [], now };
+    // A clock set back waits no longer than the period.
+    this.receiptTimer ??= setTimeout(
+      () => {
+        this.receiptTimer = undefined;
+        this.sendReceipts(true).catch((error: unknown) =>
+          this.context.log.error("receipt.not_sent", { error: errorText(error) }),
+        );
+      },
+      Math.min(waitMs, everyMs),
+    );
+    // Answered within the period: after its start and not after now (a time ahead of a clock set back is not).
+    const answeredWithin = (node: string) => {
+      const at = this.answeredAt.get(node);
+      return at !== undefined && at > now - everyMs && at <= now;
+    };
+    const atOnce = heard.filter((node) => !answeredWithin(node));
+    return atOnce.length === 0 ? undefined : { all: false, atOnce, now };
+  }
+
+  /** Forgets the nodes answered at or before `cutoff`, oldest first: the map holds one entry a node at most. */
   private forgetAnsweredBefore(cutoff: number): void {
     for (const [node, at] of this.answeredAt) {
       if (at > cutoff) return;

@@ -421,6 +421,31 @@ for (const backend of storeBackends) {
       assert.deepEqual(sent, [], "closed: what waited is not sent");
     });
 
+    test("ingest — a receipt waiting for the period's sending goes out by the timer when no batch comes", async () => {
+      await enrol("rt1", clock);
+      const sent: string[] = [];
+      let heard: () => void = () => undefined;
+      const sentBus = busDoing("publishReceipt", (node: string, body: Uint8Array) => {
+        const { report_sequence } = JSON.parse(new TextDecoder().decode(body)) as { report_sequence: number };
+        sent.push(`${node} ${report_sequence}`);
+        heard();
+        return Promise.resolve();
+      });
+      // The clock given stands still: only the timer can end the period's wait.
+      const timed = ingestOn(sentBus, { receiptsEveryMs: 50 });
+      try {
+        await timed.handleBatch([delivery("report", "rt1", report("rt1", 1))]);
+        assert.deepEqual(sent.splice(0), ["rt1 1"]);
+        const second = new Promise<void>((resolve) => (heard = resolve));
+        await timed.handleBatch([delivery("report", "rt1", report("rt1", 2))]);
+        assert.deepEqual(sent, [], "answered within the period: it waits");
+        await second;
+        assert.deepEqual(sent, ["rt1 2"]);
+      } finally {
+        timed.close();
+      }
+    });
+
     test("ingest — a node behind its latest declaration is sent it again only once it had time to take it", async () => {
       await enrol("lag-1", clock);
       const resent: string[] = [];
