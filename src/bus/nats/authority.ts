@@ -158,7 +158,12 @@ export interface UserGrant {
   role: Role;
   /** The node the identity acts for; required for the token and node roles (the lab role: a list of them). */
   node?: string | readonly string[];
-  /** When the broker must stop accepting it (a token's identity expires with the token). */
+  /**
+   * When the broker must stop accepting it (a token's identity expires with the token). The broker counts a JWT's
+   * expiry in whole seconds and lets a connection in through the whole second it names (then drops it at once), so the
+   * JWT names the second before the one `expiresAt` falls in: refused at connect from `expiresAt` on, and ended up to
+   * two seconds before it.
+   */
   expiresAt?: Date;
 }
 
@@ -183,7 +188,7 @@ export function userJwt(authority: NatsAuthority, grant: UserGrant): Promise<str
     },
     {
       ...v2,
-      ...(grant.expiresAt === undefined ? {} : { exp: Math.floor(grant.expiresAt.getTime() / 1000) }),
+      ...(grant.expiresAt === undefined ? {} : { exp: Math.floor(grant.expiresAt.getTime() / 1000) - 1 }),
     },
   );
 }

@@ -69,7 +69,7 @@ export class NatsBrokerIdentities implements BrokerIdentities {
     return { user: nodeUser, credential: { type: "nats", jwt } };
   }
 
-  /** A token's JWT expires with the token: the server itself refuses it from then on, nothing to sweep. */
+  /** A token's JWT expires with the token (`UserGrant.expiresAt`): the server itself refuses it, nothing to sweep. */
   readonly sweepsTokens = false;
 
   async sweepTokens(): Promise<number> {
