@@ -166,6 +166,16 @@ describe("NATS identities from the writers table", () => {
     });
   });
 
+  test("nats identity — a token expiring this very moment is refused at connect, not let in for the rest of its second", async () => {
+    // The broker counts expiry in whole seconds: a JWT naming the current second would be let in until it ends.
+    const ending = await mint({ name: "ending", role: "token", node: "web-1", expiresAt: new Date() });
+    // Refused by the broker's check of the credentials; one let in would be dropped as expired, a moment too late.
+    await assert.rejects(connectAs(ending, "web-1"), (error: unknown) => {
+      assert.match(String((error as Error).message), /authorization violation/i);
+      return true;
+    });
+  });
+
   test("nats identity — a revoked user is disconnected at once and cannot come back, without a restart", async () => {
     const node = await mint({ name: "web-9", role: "node", node: "web-9" });
     const victim = await connectAs(node, "web-9");
