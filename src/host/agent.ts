@@ -84,6 +84,15 @@ const pendingReportFile = "pending-report.json";
 
 type ReportFields = Pick<Report, "epoch" | "sequence" | "digest" | "outcome" | "reason" | "items">;
 
+const reportDecoder = new TextDecoder();
+
+/** A report as it is sent: its text (as kept while it waits for its receipt), its bytes and its report_sequence. */
+interface ComposedReport {
+  text: string;
+  bytes: Uint8Array;
+  sequence: number | undefined;
+}
+
 export class Agent {
   private readonly state: HostState;
   private readonly identity: HostIdentity;
@@ -102,6 +111,11 @@ export class Agent {
   private retryTimer: NodeJS.Timeout | undefined;
   /** The wait before the next try of failed items; doubles with each failure, back to the first after success. */
   private retryDelayMs: number;
+  /**
+   * The report last composed. The pending report's file is the truth, read each time; while it holds this very text,
+   * its sequence and bytes are taken from here rather than parsed and encoded again.
+   */
+  private composed: ComposedReport | undefined;
 
   constructor(private readonly settings: AgentSettings) {
     this.state = new HostState(settings.stateDir, settings.storage);
@@ -334,7 +348,8 @@ export class Agent {
   private async tick(): Promise<void> {
     const pending = this.state.loadSecret(pendingReportFile);
     const waited = this.reportSentAt === undefined ? Infinity : this.clock() - this.reportSentAt;
-    if (pending !== undefined && waited >= this.settings.aliveEveryMs) await this.send(pending);
+    if (pending !== undefined && waited >= this.settings.aliveEveryMs)
+      await this.send(this.pendingReport(pending));
     await this.sayAlive();
   }
 
@@ -347,9 +362,12 @@ export class Agent {
       this.settings.log.warn("agent.receipt_refused", { reason: errorText(error) });
       return Promise.resolve();
     }
-    const pending = this.state.loadReport(pendingReportFile);
-    if (pending === undefined) return Promise.resolve();
-    const sequence = pending.report_sequence;
+    const text = this.state.loadSecret(pendingReportFile);
+    if (text === undefined) return Promise.resolve();
+    const sequence =
+      this.composed?.text === text
+        ? this.composed.sequence
+        : this.state.loadReport(pendingReportFile)?.report_sequence;
     if (receipt.node === this.node && receipt.report_sequence === sequence) {
       this.state.removeSecret(pendingReportFile);
       this.settings.onEvent?.({
@@ -468,23 +486,31 @@ export class Agent {
   }
 
   /** Writes the next report, with the next report_sequence, as pending, and returns it. */
-  private composeReport(fields: ReportFields): string {
-    const text = new TextDecoder().decode(
-      encodeMessage({
-        kind: "report",
-        node: this.node,
-        ...fields,
-        // The contract bounds every reason; a tool's longer error is cut rather than the whole report refused.
-        ...(fields.reason === undefined ? {} : { reason: boundText(fields.reason) }),
-        items: fields.items.map((item) =>
-          item.reason === undefined ? item : { ...item, reason: boundText(item.reason) },
-        ),
-        report_sequence: this.state.nextReportSequence(),
-        sent_at: new Date().toISOString(),
-      }),
-    );
+  private composeReport(fields: ReportFields): ComposedReport {
+    const sequence = this.state.nextReportSequence();
+    const bytes = encodeMessage({
+      kind: "report",
+      node: this.node,
+      ...fields,
+      // The contract bounds every reason; a tool's longer error is cut rather than the whole report refused.
+      ...(fields.reason === undefined ? {} : { reason: boundText(fields.reason) }),
+      items: fields.items.map((item) =>
+        item.reason === undefined ? item : { ...item, reason: boundText(item.reason) },
+      ),
+      report_sequence: sequence,
+      sent_at: new Date().toISOString(),
+    });
+    const text = reportDecoder.decode(bytes);
     this.state.saveSecret(pendingReportFile, text);
-    return text;
+    this.composed = { text, bytes, sequence };
+    return this.composed;
+  }
+
+  /** The pending report, as read from its file: as composed while the file holds that text. */
+  private pendingReport(text: string): ComposedReport {
+    if (this.composed?.text === text) return this.composed;
+    const { report_sequence: sequence } = JSON.parse(text) as { report_sequence?: number };
+    return { text, bytes: new TextEncoder().encode(text), sequence };
   }
 
   /**
@@ -492,13 +518,12 @@ export class Agent {
    * and is sent again at each alive that finds it waited an interval since (the control plane takes a repeat of
    * the report it kept quietly).
    */
-  private async send(text: string): Promise<void> {
+  private async send(report: ComposedReport): Promise<void> {
     if (this.stopping) return;
-    const { report_sequence: sequence } = JSON.parse(text) as { report_sequence?: number };
-    const id = `${this.node}:${sequence ?? "unordered"}`;
+    const id = `${this.node}:${report.sequence ?? "unordered"}`;
     this.counters.reports++;
     const sentAt = this.clock();
-    await this.bus?.publishReport(new TextEncoder().encode(text)).then(
+    await this.bus?.publishReport(report.bytes).then(
       () => (this.reportSentAt = sentAt),
       (error: unknown) => {
         // Not taken: the next alive sends it again.

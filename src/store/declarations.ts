@@ -341,14 +341,16 @@ export class DeclarationQueries {
         .execute();
     };
     const batches = nodes === undefined ? [undefined] : slices([...new Set(nodes)]);
+    // A fleet holds few distinct lists of units: each is read once, and the nodes holding it share it.
+    const unitsRead = new Map<string, readonly string[]>();
     for (const slice of batches) {
       for (const row of await query(slice)) {
-        found.set(row.node, {
-          sequence: row.sequence,
-          epoch: row.epoch,
-          digest: row.digest,
-          units: unitsOf(row.units),
-        });
+        let units = unitsRead.get(row.units);
+        if (units === undefined) {
+          units = Object.freeze(unitsOf(row.units));
+          unitsRead.set(row.units, units);
+        }
+        found.set(row.node, { sequence: row.sequence, epoch: row.epoch, digest: row.digest, units });
       }
     }
     return found;

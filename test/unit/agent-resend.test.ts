@@ -139,4 +139,26 @@ describe("agent — a pending report sent again", () => {
     await aliveAt(1000);
     assert.deepEqual(reports, ["edge-1:1"]);
   });
+
+  test("agent — the pending report's file is the truth: rewritten, it is what is sent again and what a receipt ends", async () => {
+    // The agent keeps the report it composed (its sequence, its bytes) only while the file holds that very text.
+    now = 900;
+    await agent.handle(declaration(1));
+    assert.deepEqual(reports, ["edge-1:1"]);
+    const state = new HostState("/state", storage);
+    const kept = state.loadSecret("pending-report.json");
+    assert.ok(kept !== undefined, "the report is pending");
+    const rewritten = JSON.stringify({ ...(JSON.parse(kept) as object), report_sequence: 7 });
+    state.saveSecret("pending-report.json", rewritten);
+    await aliveAt(2000);
+    assert.deepEqual(reports, ["edge-1:1", "edge-1:7"], "the file's report went again, not the one composed");
+    await agent["receive"](encodeMessage({ kind: "receipt", node, report_sequence: 1, verdict: "kept" }));
+    assert.equal(
+      state.loadSecret("pending-report.json"),
+      rewritten,
+      "a receipt for the report composed ends nothing",
+    );
+    await agent["receive"](encodeMessage({ kind: "receipt", node, report_sequence: 7, verdict: "kept" }));
+    assert.equal(state.loadSecret("pending-report.json"), undefined, "the file's report's receipt ends it");
+  });
 });
