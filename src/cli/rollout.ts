@@ -73,7 +73,12 @@ export async function applyPlanChange(
       const now = () => new Date();
       let revision: number | undefined;
       let written = true;
-      let before: Map<string, LatestSent> | undefined;
+      /**
+       * Each node's declaration sequence allocated before the revision was written: what the revision's roll-out
+       * sends a node carries a higher one. Not the latest sent: a declaration of an earlier revision still being
+       * recorded meanwhile would be counted as this one's.
+       */
+      let allocated: Map<string, number> | undefined;
       for (let attempt = 1; revision === undefined; attempt++) {
         const current = await readPlan(store);
         if (change.expected !== undefined && current.revision !== change.expected) {
@@ -87,13 +92,14 @@ export async function applyPlanChange(
           // The same plan again writes no revision; what it holds is sent already, or is being sent.
           revision = current.revision;
           written = false;
-          before = await store.declarations.latestSent();
+          allocated = await store.nodes.allocatedSequences();
           break;
         }
-        before = await store.declarations.latestSent();
+        allocated = await store.nodes.allocatedSequences();
         if (mayConflict(plan)) {
+          const held = heldOf(await store.declarations.latestSent());
           refuseConflicts(
-            outlookOf(plan, await readFleet(store, now(), options.outOfTouchAfterMs), heldOf(before)),
+            outlookOf(plan, await readFleet(store, now(), options.outOfTouchAfterMs), held),
             change.fileName,
           );
         }
@@ -126,9 +132,9 @@ export async function applyPlanChange(
       }
       await sentBy(options, store, revision, epoch);
       const after = await store.declarations.latestSent();
-      const sentBefore = before ?? new Map<string, LatestSent>();
+      const allocatedBefore = allocated ?? new Map<string, number>();
       const sent = [...after]
-        .filter(([node, latest]) => latest.sequence > (sentBefore.get(node)?.sequence ?? 0))
+        .filter(([node, latest]) => latest.sequence > (allocatedBefore.get(node) ?? 0))
         .map(([node, latest]) => ({
           node,
           sequence: latest.sequence,

@@ -244,6 +244,12 @@ for (const backend of storeBackends) {
       assert.deepEqual(await store.nodes.nextDeclarationSequences(["batch-1"]), new Map([["batch-1", 2]]));
       assert.equal((await store.nodes.get("batch-2"))?.declarationSequence, 1);
       assert.equal((await store.nodes.get("batch-gone"))?.declarationSequence, 0);
+      // What a command reads before it writes a revision: every node's last allocation, retired ones too.
+      const allocated = await store.nodes.allocatedSequences();
+      assert.deepEqual(
+        ["batch-1", "batch-2", "batch-gone"].map((name) => allocated.get(name)),
+        [2, 1, 0],
+      );
     });
 
     test("declarations — the latest per node and a bounded history; digests map to their order", async () => {
