@@ -39,7 +39,11 @@ const { sign } = require("node:crypto");
 const seal = ({ bytes, ends, head, mid, tail }) => {
   const count = ends.length;
   const messages = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  const [headBytes, midBytes, tailBytes] = [head, mid, tail].map((text) => Buffer.from(text));
+  // Each one by name: taken apart from an array, the three sent V8's optimized code back at once (the array's
+  // iterator was not the one it was made for), and the thread compiled the function again at the next batch.
+  const headBytes = Buffer.from(head);
+  const midBytes = Buffer.from(mid);
+  const tailBytes = Buffer.from(tail);
   const around = headBytes.length + midBytes.length + ${signatureBase64Length} + tailBytes.length;
   let size = 0;
   for (let i = 0, start = 0; i < count; start = ends[i], i++) size += around + Math.ceil((ends[i] - start) / 3) * 4;
