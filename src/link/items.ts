@@ -14,28 +14,19 @@ export function isPlainAbsolutePath(path: string): boolean {
   return path.startsWith("/") && !path.includes("\0") && !path.split("/").includes("..");
 }
 
-/** The longest path an item may name, in UTF-16 units as the schema counts. */
-export const pathMaxChars = 4_096;
-
 const absolutePath = z
   .string()
-  .max(pathMaxChars)
+  .max(4_096)
   .refine(isPlainAbsolutePath, { error: "expected an absolute path with no '..' segment" });
 
-export const modePattern = /^[0-7]{3,4}$/;
-const mode = z.string().regex(modePattern, { error: 'expected an octal file mode such as "0644"' });
-
-/** A user's or group's name as the system's tools take it. */
-export const accountNamePattern = /^[a-z_][a-z0-9_-]{0,31}$/;
-/** The highest numeric user or group id an item may name. */
-export const systemIdMax = 4_294_967_294;
+const mode = z.string().regex(/^[0-7]{3,4}$/, { error: 'expected an octal file mode such as "0644"' });
 
 /** A user or group as the system's tools take it: a name, or a numeric id. */
-const accountName = z.string().regex(accountNamePattern, {
+const accountName = z.string().regex(/^[a-z_][a-z0-9_-]{0,31}$/, {
   error: "expected a user or group name: 1–32 of a-z, 0-9, '_' and '-', starting with a letter or '_'",
 });
-const owner = z.union([accountName, z.int().min(0).max(systemIdMax)]);
-const systemId = z.int().min(0).max(systemIdMax);
+const owner = z.union([accountName, z.int().min(0).max(4_294_967_294)]);
+const systemId = z.int().min(0).max(4_294_967_294);
 
 const fileFields = {
   path: absolutePath,

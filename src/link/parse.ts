@@ -3,15 +3,7 @@ import { z } from "zod";
 import { ContractError } from "./errors.js";
 import type { DeclaredItem } from "./items.js";
 import { declaredItemSchema, itemIdOf } from "./items.js";
-import {
-  isCount,
-  isNodeName,
-  isTimestamp,
-  quickAlive,
-  quickDeclaration,
-  quickEnvelope,
-  quickReport,
-} from "./quick-check.js";
+import { isCount, isNodeName, isTimestamp, quickAlive, quickEnvelope, quickReport } from "./quick-check.js";
 import {
   declarationEpoch,
   declarationSequence,
@@ -63,7 +55,6 @@ const quickChecks: { [K in MessageKind]?: (value: unknown) => MessageOf<K> | und
   report: quickReport,
   alive: quickAlive,
   declaration_envelope: quickEnvelope,
-  declaration: quickDeclaration,
 };
 
 /** Checks a value JSON.parse made: its plain shape quickly where that is known, anything else by the schema. */

@@ -1,9 +1,8 @@
 /**
- * The control plane reads a report or an alive for nearly every message a node sends, and a node an envelope and the
- * declaration inside it for every declaration it takes; nearly all of them are the plain shape the mesh's own code
- * writes (for a declaration: regular files with text content). That shape is checked here field by field, with the
- * schema's own patterns and bounds, and the message built as the schema builds it (unknown fields dropped, where the
- * schema drops them). Anything else — a field out of its range, a type it does not expect, half an ordering — is not
+ * The control plane reads a report or an alive for nearly every message a node sends, and a node an envelope for every
+ * declaration it takes; nearly all of them are the plain shape the mesh's own code writes. That shape is checked here
+ * field by field, with the schema's own patterns and bounds, and the message built as the schema builds it (unknown
+ * fields dropped). Anything else — a field out of its range, a type it does not expect, half an ordering — is not
  * decided here: the answer is `undefined`, and the schema reads the value, accepting or refusing it with its reasons. A
  * property test holds these to the schemas.
  *
@@ -11,16 +10,7 @@
  * without side effects.
  */
 import { fitsBytes } from "./bounds.js";
-import type { DeclaredItem } from "./items.js";
-import {
-  accountNamePattern,
-  fileContentMaxBytes,
-  isPlainAbsolutePath,
-  modePattern,
-  pathMaxChars,
-  systemIdMax,
-} from "./items.js";
-import type { Alive, Declaration, DeclarationEnvelope, Report } from "./messages.js";
+import type { Alive, DeclarationEnvelope, Report } from "./messages.js";
 import {
   digestPattern,
   encodesBytes,
@@ -128,63 +118,4 @@ export function quickEnvelope(value: unknown): DeclarationEnvelope | undefined {
   if (typeof signature !== "string" || !encodesBytes(signature, "base64", 64)) return undefined;
   if (typeof payload !== "string" || !isCanonicalBase64(payload)) return undefined;
   return { kind, payload, signature, signer };
-}
-
-type FileItem = Extract<DeclaredItem, { type: "file" }>;
-
-/**
- * A declaration whose items are all regular files with text content, in the plain shape, as the schema would give it;
- * undefined for anything the schema must decide (any other kind of item among them, content in base64). The
- * signature has been checked by then: this is the node reading what the control plane wrote.
- */
-export function quickDeclaration(value: unknown): Declaration | undefined {
-  if (!isFields(value)) return undefined;
-  const { kind, node, epoch, sequence, issued_at, items, digest } = value;
-  // The schema is strict: a field it does not know is its to refuse, in its words.
-  if (Object.keys(value).length !== 7 || kind !== "declaration" || !isNodeName(node)) return undefined;
-  if (!isCount(epoch) || !isCount(sequence) || sequence < 1 || !isTimestamp(issued_at)) return undefined;
-  if (typeof digest !== "string" || !digestPattern.test(digest) || !Array.isArray(items)) return undefined;
-  const files: FileItem[] = [];
-  const ids = new Set<string>();
-  for (const item of items as unknown[]) {
-    const file = quickFile(item);
-    // Each id the one its path names, and each once: otherwise the schema says which and why.
-    if (file === undefined || file.id !== `file:${file.path}` || ids.has(file.id)) return undefined;
-    ids.add(file.id);
-    files.push(file);
-  }
-  return { kind, node, epoch, sequence, issued_at, items: files, digest };
-}
-
-/** A regular file with text content, as the schema would give it; undefined for anything else. */
-function quickFile(value: unknown): FileItem | undefined {
-  if (!isFields(value)) return undefined;
-  const { id, type, path, content, mode, owner, group } = value;
-  // The id's own bound needs no check: it must be `file:` and the path (`quickDeclaration`), which is bounded.
-  if (type !== "file" || typeof id !== "string") return undefined;
-  if (typeof path !== "string" || path.length > pathMaxChars || !isPlainAbsolutePath(path)) return undefined;
-  if (typeof content !== "string" || !contentFits(content)) return undefined;
-  if (mode !== undefined && (typeof mode !== "string" || !modePattern.test(mode))) return undefined;
-  if (!isOptionalOwner(owner) || !isOptionalOwner(group)) return undefined;
-  // Nothing beyond these (`content_base64` beside `content` included): the schema refuses it, in its words.
-  const given =
-    4 + (mode === undefined ? 0 : 1) + (owner === undefined ? 0 : 1) + (group === undefined ? 0 : 1);
-  if (Object.keys(value).length !== given) return undefined;
-  const file: FileItem = { id, type, path, content };
-  if (mode !== undefined) file.mode = mode;
-  if (owner !== undefined) file.owner = owner;
-  if (group !== undefined) file.group = group;
-  return file;
-}
-
-/** Text within a file's bound: UTF-8 takes at most three bytes a UTF-16 unit, so short text is not counted. */
-function contentFits(text: string): boolean {
-  return text.length * 3 <= fileContentMaxBytes || Buffer.byteLength(text, "utf8") <= fileContentMaxBytes;
-}
-
-/** An owner or group: absent, a name, or a numeric id. */
-function isOptionalOwner(value: unknown): value is string | number | undefined {
-  if (value === undefined) return true;
-  if (typeof value === "string") return accountNamePattern.test(value);
-  return Number.isSafeInteger(value) && (value as number) >= 0 && (value as number) <= systemIdMax;
 }
