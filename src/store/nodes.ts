@@ -86,8 +86,8 @@ export class NodeQueries {
 
   /**
    * Each node's last declaration sequence allocated (0 when none was): a declaration recorded later for the node
-   * carries a higher one. One read of the nodes, where each node's latest declaration sent is a step into the
-   * declarations for every node (at 10,000 nodes 11 ms against 62 on a cold cache).
+   * carries a higher one. One read of the nodes table, where the latest declarations sent take a step into the
+   * declarations' index and a row for every node (at 10,000 nodes 11 ms against 39, the pages read already).
    */
   async allocatedSequences(): Promise<Map<string, number>> {
     const rows = await this.db.selectFrom("nodes").select(["name", "declaration_sequence"]).execute();
