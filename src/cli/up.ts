@@ -142,8 +142,11 @@ function childArguments(globals: GlobalFlags & { metrics?: string; rabbitmqApi?:
 function controlPlaneChild(args: readonly string[], onServing: () => void): Supervised {
   const script = process.argv[1];
   if (script === undefined) throw new MeshError("internal", "the mesh's own script is not known");
+  // Out of reach of the terminal's signals, like the broker: `mesh up` alone is told to stop, and stops the
+  // control plane first (it gives the lease back through the broker), the broker after.
   const child = spawn(process.execPath, [...process.execArgv, script, ...args], {
     stdio: ["ignore", "inherit", "inherit", "ipc"],
+    detached: true,
   });
   child.on("message", (message: unknown) => {
     if (typeof message === "object" && message !== null && (message as { kind?: unknown }).kind === "serving")
@@ -170,11 +173,12 @@ function controlPlaneChild(args: readonly string[], onServing: () => void): Supe
   };
 }
 
-/** Supervises the control plane as a child until a signal; says the mesh is up the first time one acts. */
+/** Supervises the control plane as a child until `stopping`; says the mesh is up the first time one acts. */
 async function superviseControlPlane(
   log: Logger,
   args: readonly string[],
   announce: string,
+  stopping: Promise<string>,
   broker?: Supervisor,
 ): Promise<void> {
   let announced = false;
@@ -190,18 +194,21 @@ async function superviseControlPlane(
     stopWithinMs: 15_000,
     start: () => Promise.resolve(controlPlaneChild(args, onServing)),
   });
-  const reason = await stopSignal();
+  const reason = await stopping;
   log.info("mesh.stopping", { reason });
   // The control plane first: it gives the lease back through the broker.
   await control.stop();
   await broker?.stop();
 }
 
-/** Resolves with the signal that asks the process to stop. */
+/**
+ * Resolves with the first signal that asks the process to stop: SIGINT, SIGTERM, or SIGHUP (its terminal closed). The
+ * handlers stay: a signal that comes again while the process stops (`npm exec` passes the terminal's SIGINT on, so it
+ * comes twice) would otherwise end it before it has stopped what it runs.
+ */
 function stopSignal(): Promise<string> {
   return new Promise<string>((resolve) => {
-    process.once("SIGINT", () => resolve("SIGINT"));
-    process.once("SIGTERM", () => resolve("SIGTERM"));
+    for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, () => resolve(signal));
   });
 }
 
@@ -223,12 +230,20 @@ export function registerServeCommands(program: Command): void {
       const globals = command.optsWithGlobals<GlobalFlags & { metrics?: string; rabbitmqApi?: string }>();
       const options = optionsFrom(globals);
       const log = createLogger({});
+      // Listened for from the first: the children run out of the terminal's reach, and a signal that ended this
+      // process while it starts them would leave them running.
+      const stopping = stopSignal();
       if (flags.broker !== undefined) {
         if (flags.natsPort !== undefined) throw new UsageError("--nats-port and --broker exclude each other");
         if (flags.moveBroker === true)
           throw new UsageError("--move-broker moves this mesh's own nats-server only");
         recordBroker(options, flags.broker);
-        await superviseControlPlane(log, childArguments(globals), announcement(options, flags.broker));
+        await superviseControlPlane(
+          log,
+          childArguments(globals),
+          announcement(options, flags.broker),
+          stopping,
+        );
         return;
       }
       const wanted = flags.natsPort === undefined ? undefined : parsePort(flags.natsPort);
@@ -251,7 +266,7 @@ export function registerServeCommands(program: Command): void {
         ),
         stop: () => server.stop(),
       });
-      const first = await startNatsServer(config, embedded, logPath);
+      const first = await startNatsServer(config, embedded, logPath, { ownProcessGroup: true });
       // Started again on the same port and data, with the accounts as the store has them now (or as the config
       // file last had them, when the store cannot be read).
       const broker = new Supervisor({
@@ -266,7 +281,7 @@ export function registerServeCommands(program: Command): void {
             });
             return config;
           });
-          const server = await startNatsServer(current, embedded, logPath);
+          const server = await startNatsServer(current, embedded, logPath, { ownProcessGroup: true });
           log.warn("broker.started_again", { pid: server.pid, url });
           return watchedServer(server);
         },
@@ -275,6 +290,7 @@ export function registerServeCommands(program: Command): void {
         log,
         childArguments(globals),
         announcement(options, url, embedded.dir),
+        stopping,
         broker,
       );
     });

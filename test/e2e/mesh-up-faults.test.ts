@@ -3,7 +3,7 @@
  * broker paused for 30 s (the control plane loses its lease and a fresh one takes over, the broker keeps serving,
  * and the node is never called out of touch for the control plane's own deafness), the broker killed (started
  * again on the same port and data), the control plane killed (started again, it takes the lease over). And the
- * broker's address never moves by itself.
+ * broker's address never moves by itself, and a terminal's signals stop it in order.
  */
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
@@ -20,7 +20,7 @@ import { tempDir } from "../support/tmp.js";
 /** The pids of processes whose command line holds `pattern` (none: empty). */
 function pidsOf(pattern: string): number[] {
   try {
-    return execFileSync("pgrep", ["-f", pattern], { encoding: "utf8" }).trim().split("\n").map(Number);
+    return execFileSync("pgrep", ["-f", "--", pattern], { encoding: "utf8" }).trim().split("\n").map(Number);
   } catch (error) {
     if ((error as { status?: number }).status === 1) return [];
     throw error;
@@ -142,6 +142,65 @@ describe("mesh up through faults (NATS)", () => {
     await declaredAndApplied(fleet, "steady-3", root, "after the control plane came back\n");
     assert.equal(brokerOf(fleet) > 0, true);
   });
+});
+
+describe("mesh up stopped from its terminal", () => {
+  /** The process group `pid` is in. */
+  const groupOf = (pid: number) =>
+    Number(readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.split(" ")[2]);
+  const cases: Array<[string, NodeJS.Signals[]]> = [
+    ["Ctrl-C, and again while it stops (npm exec passes the terminal's on)", ["SIGINT", "SIGINT"]],
+    ["the terminal closed", ["SIGHUP"]],
+  ];
+  for (const [what, signals] of cases) {
+    test(`signals — ${what}, to the whole process group: the lease is given back through the broker, then the broker stops; no error, nothing left running`, async (t) => {
+      const dir = tempDir("mesh-up-signals-");
+      const data = join(dir.path, "data");
+      const up = startBin("mesh", ["--data", data, "up", "--nats-port", "0"], {}, { ownProcessGroup: true });
+      t.after(() => {
+        for (const pid of pidsOf(data)) process.kill(pid, "SIGKILL");
+        dir.remove();
+      });
+      await eventually("the control plane to serve", () =>
+        /"event":"control\.serving"/.test(up.stderr()) ? true : undefined,
+      );
+      const group = up.child.pid;
+      assert.ok(group !== undefined);
+      const broker = pidsOf(join(data, "nats", "server", "nats-server.conf"));
+      const control = pidsOf(`--data ${data} serve`);
+      assert.equal(broker.length + control.length, 2, "the broker and the control plane");
+      for (const pid of [...broker, ...control])
+        assert.notEqual(groupOf(pid), group, "out of the terminal's reach");
+
+      // The control plane paused, mesh up waits in its stop for as long as the test likes: a signal sent again then
+      // reaches it while it stops, not while it ends.
+      const [controlPid] = control as [number];
+      process.kill(controlPid, "SIGSTOP");
+      const [first, ...again] = signals as [NodeJS.Signals, ...NodeJS.Signals[]];
+      process.kill(-group, first);
+      await eventually("mesh up to stop", () =>
+        /"event":"mesh\.stopping"/.test(up.stderr()) ? true : undefined,
+      );
+      for (const signal of again) process.kill(-group, signal);
+      process.kill(controlPid, "SIGCONT");
+      assert.equal(await up.exited, 0, `${up.child.signalCode ?? ""} ${up.stderr()}`);
+      const lines = up
+        .stderr()
+        .split("\n")
+        .filter((line) => line !== "")
+        .map((line) => JSON.parse(line) as { level: string; event: string; given_back?: boolean });
+      assert.deepEqual(
+        lines.filter((line) => line.level === "error" || line.level === "warn"),
+        [],
+        "the broker was stopped by mesh up, after the control plane: it never ended by itself",
+      );
+      assert.ok(
+        lines.some((line) => line.event === "lease.released" && line.given_back === true),
+        up.stderr(),
+      );
+      assert.deepEqual(pidsOf(data), [], "neither the broker nor the control plane is left running");
+    });
+  }
 });
 
 describe("mesh up keeps its broker's address", () => {

@@ -17,32 +17,33 @@ export function startBin(
   bin: "mesh" | "mesh-host",
   args: readonly string[],
   env: NodeJS.ProcessEnv = {},
+  { ownProcessGroup = false }: { ownProcessGroup?: boolean } = {},
 ): Running {
-  return startScript(`${root}bin/${bin}.js`, args, { env, cwd: root });
+  return startScript(`${root}bin/${bin}.js`, args, { env, cwd: root, ownProcessGroup });
 }
 
 /**
  * Starts a Node script (an executable of an installed package, say) from `cwd` (default: the project root), with
  * this process's environment less MESH_HOME, plus `env`.
  */
-export function startScript(
-  script: string,
-  args: readonly string[],
-  options: { env?: NodeJS.ProcessEnv; cwd?: string } = {},
-): Running {
+export function startScript(script: string, args: readonly string[], options: StartOptions = {}): Running {
   return startCommand(process.execPath, [script, ...args], options);
 }
 
+export interface StartOptions {
+  env?: NodeJS.ProcessEnv;
+  cwd?: string;
+  /** Lead a process group of its own, as a command run from a terminal does (signalled as a group: `-pid`). */
+  ownProcessGroup?: boolean;
+}
+
 /** Starts any command (`ip netns exec …`, say) as a Running, with the same environment as `startScript`. */
-export function startCommand(
-  command: string,
-  args: readonly string[],
-  options: { env?: NodeJS.ProcessEnv; cwd?: string } = {},
-): Running {
+export function startCommand(command: string, args: readonly string[], options: StartOptions = {}): Running {
   const child = spawn(command, [...args], {
     cwd: options.cwd ?? root,
     env: { ...process.env, MESH_HOME: "", ...options.env },
     stdio: ["ignore", "pipe", "pipe"],
+    detached: options.ownProcessGroup ?? false,
   });
   let out = "";
   let err = "";

@@ -97,15 +97,28 @@ export interface RunningNatsServer {
   stop(): Promise<void>;
 }
 
+export interface NatsServerStart {
+  /** How long it may take to accept connections (default 15 s). */
+  timeoutMs?: number;
+  /**
+   * Run it in a process group (and session) of its own, out of reach of the terminal's signals: what started it
+   * stops it, in its own order. `mesh up` gives its lease back through this server before stopping it.
+   */
+  ownProcessGroup?: boolean;
+}
+
 /** Starts nats-server on a written config and waits until it accepts connections. */
 export async function startNatsServer(
   configPath: string,
   listen: { host: string; port: number },
   logPath: string,
-  timeoutMs = 15_000,
+  { timeoutMs = 15_000, ownProcessGroup = false }: NatsServerStart = {},
 ): Promise<RunningNatsServer> {
   const binary = findNatsServer();
-  const child: ChildProcess = spawn(binary, ["-c", configPath], { stdio: ["ignore", "pipe", "pipe"] });
+  const child: ChildProcess = spawn(binary, ["-c", configPath], {
+    stdio: ["ignore", "pipe", "pipe"],
+    detached: ownProcessGroup,
+  });
   const closed = logOutputs(child, logPath);
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
   const spawnFailed = new Promise<never>((_, reject) =>
