@@ -59,10 +59,10 @@ export interface IngestContext {
    */
   storeFailed?: (error: unknown, handedBack: number) => Promise<boolean>;
   /**
-   * A node sent a receipt less than this long ago (default 0: none) waits for the next sending of all those waiting,
-   * at most this often, and is then sent one for its newest report of the batches between: draining a backlog, nearly
-   * every batch holds a report of nearly every node, and a node keeps only its newest pending. Any other node is
-   * answered as soon as its batch is written.
+   * Draining a backlog, a node sent a receipt less than this long ago (default 0: none) waits for the next sending of
+   * all those waiting, at most this often, and is then sent one for its newest report of the batches between: there
+   * nearly every batch holds a report of nearly every node, and a node keeps only its newest pending. Any other node,
+   * and every node of a batch taken as the messages came, is answered as soon as its batch is written.
    */
   receiptsEveryMs?: number;
   /** Told how many receipts each sending holds, as it goes (the control plane's metrics). */
@@ -130,7 +130,7 @@ export class Ingest {
 
   /** One delivery: a batch of one. */
   async handle(delivery: ControlDelivery): Promise<DeliveryOutcome> {
-    const [outcome] = await this.handleBatch([delivery]);
+    const [outcome] = await this.handleBatch([delivery], false);
     return outcome ?? "retry";
   }
 
@@ -138,9 +138,9 @@ export class Ingest {
    * Deliveries in the order they arrived, handled as that order says, with everything they change written in one
    * transaction. Receipts go out only once it has committed; until then nothing is acknowledged. A failure of our
    * own (the store is down) hands the whole batch back for redelivery, where a report already kept is taken again
-   * quietly.
+   * quietly. `backlog`: the batch was taken full from a queue being drained (`ControlHandler`).
    */
-  async handleBatch(deliveries: readonly ControlDelivery[]): Promise<DeliveryOutcome[]> {
+  async handleBatch(deliveries: readonly ControlDelivery[], backlog: boolean): Promise<DeliveryOutcome[]> {
     const batch = new Batch(this.context.now());
     try {
       await this.judge(deliveries, batch);
@@ -169,7 +169,7 @@ export class Ingest {
         if (known === undefined || known < spokeAt) this.seen.set(node, spokeAt);
       }
       this.unsent.take(batch.answers);
-      await this.sendReceipts(false, batch.answers.nodes());
+      await this.sendReceipts(false, batch.answers.nodes(), backlog);
       await this.catchUp(batch.holds);
       return deliveries.map(() => "done");
     } catch (error) {
@@ -193,18 +193,20 @@ export class Ingest {
   }
 
   /**
-   * Sends the receipts of the batches written. A node sent one less than `receiptsEveryMs` ago waits for the period's
-   * sending, which sends every receipt waiting once the period since the last such sending is up (a timer, when no
-   * batch comes then); any other node is answered at once. So a node reporting after a quiet time hears at once (a
-   * roll-out's nodes, each reporting once), and a node whose reports keep coming (a backlog drained) is sent about one
-   * receipt a period, for its newest. A node sends a report again until its receipt comes, and a report kept twice is
-   * taken quietly: so a batch is acknowledged without waiting for the broker to confirm its receipts. One sending may
-   * be on its way while the next batch is handled, no more.
+   * Sends the receipts of the batches written. In a backlog (`backlog`: its batch was taken full), a node sent one
+   * less than `receiptsEveryMs` ago waits for the period's sending, which sends every receipt waiting once the period
+   * since the last such sending is up (a timer, when no batch comes then); any other node is answered at once. So a
+   * node whose reports keep coming out of a backlog is sent about one receipt a period, for its newest, while the
+   * nodes of a batch taken as the messages came hear at once, however lately they were answered: a roll-out's nodes,
+   * each reporting once, are not kept waiting because the roll-out before was less than a period ago. A node sends a
+   * report again until its receipt comes, and a report kept twice is taken quietly: so a batch is acknowledged
+   * without waiting for the broker to confirm its receipts. One sending may be on its way while the next batch is
+   * handled, no more.
    */
-  private async sendReceipts(due: boolean, heard: readonly string[] = []): Promise<void> {
+  private async sendReceipts(due: boolean, heard: readonly string[] = [], backlog = false): Promise<void> {
     if (this.closed || this.unsent.size === 0) return;
     // Nothing to send now: the receipts wait for the period's sending, and the batch does not wait for the last one.
-    if (this.choose(due, heard) === undefined) return;
+    if (this.choose(due, heard, backlog) === undefined) return;
     // Another call may start a sending while this one waits: it waits until none is on its way, and chooses again.
     let onItsWay: Promise<void>;
     do {
@@ -212,7 +214,7 @@ export class Ingest {
       await onItsWay;
     } while (onItsWay !== this.receiptsOnTheirWay);
     if (this.closed) return;
-    const chosen = this.choose(due, heard);
+    const chosen = this.choose(due, heard, backlog);
     if (chosen === undefined) return;
     const { all, atOnce, now } = chosen;
     if (all) {
@@ -241,12 +243,14 @@ export class Ingest {
   }
 
   /**
-   * What to send now: everything waiting once the period's sending is due, or else the nodes of `heard` not answered
-   * within the period, with the timer set for the period's sending; undefined when there is nothing to send now.
+   * What to send now: everything waiting once the period's sending is due, or else the nodes of `heard` (in a
+   * backlog, those not answered within the period), with the timer set for the period's sending; undefined when
+   * there is nothing to send now.
    */
   private choose(
     due: boolean,
     heard: readonly string[],
+    backlog: boolean,
   ): { all: boolean; atOnce: readonly string[]; now: number } | undefined {
     if (this.unsent.size === 0) return undefined;
     const everyMs = this.context.receiptsEveryMs ?? 0;
@@ -269,7 +273,7 @@ export class Ingest {
       const at = this.answeredAt.get(node);
       return at !== undefined && at > now - everyMs && at <= now;
     };
-    const atOnce = heard.filter((node) => !answeredWithin(node));
+    const atOnce = backlog ? heard.filter((node) => !answeredWithin(node)) : heard;
     return atOnce.length === 0 ? undefined : { all: false, atOnce, now };
   }
 

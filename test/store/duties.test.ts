@@ -113,10 +113,10 @@ describe("the acting control plane's duties", () => {
       redelivered: false,
       receivedAt: new Date(),
     };
-    assert.deepEqual(await handle?.([alive]), ["done"]);
+    assert.deepEqual(await handle?.([alive], false), ["done"]);
     open = false;
     assert.deepEqual(
-      await handle?.([alive, alive]),
+      await handle?.([alive, alive], false),
       ["retry", "retry"],
       "handed back while the gate is shut",
     );

@@ -236,24 +236,27 @@ for (const backend of storeBackends) {
       await enrol("ba2", clock);
       await enrol("ba3", clock);
       const garbage = notJson("ba2");
-      const outcomes = await ingest.handleBatch([
-        delivery("report", "ba1", report("ba1", 1)),
-        delivery("report", "ba2", report("ba2", 1)),
-        delivery("report", "ba1", report("ba1", 2)),
-        // Sent again in the same batch: taken quietly.
-        delivery("report", "ba1", report("ba1", 2)),
-        // Older than one kept earlier in this very batch: refused.
-        delivery("report", "ba1", report("ba1", 1)),
-        garbage,
-        delivery("alive", "ba2", { kind: "alive", node: "ba2", sent_at: clock.toISOString() }),
-        delivery("report", "ba1", report("ba1", 3)),
-        // The last to arrive from ba3 is older than its newest (as when a node that joined again counts from 1).
-        delivery("report", "ba3", report("ba3", 4)),
-        delivery("report", "ba3", report("ba3", 2)),
-        // The newest, twice over: answered once.
-        delivery("report", "ba2", report("ba2", 5)),
-        delivery("report", "ba2", report("ba2", 5)),
-      ]);
+      const outcomes = await ingest.handleBatch(
+        [
+          delivery("report", "ba1", report("ba1", 1)),
+          delivery("report", "ba2", report("ba2", 1)),
+          delivery("report", "ba1", report("ba1", 2)),
+          // Sent again in the same batch: taken quietly.
+          delivery("report", "ba1", report("ba1", 2)),
+          // Older than one kept earlier in this very batch: refused.
+          delivery("report", "ba1", report("ba1", 1)),
+          garbage,
+          delivery("alive", "ba2", { kind: "alive", node: "ba2", sent_at: clock.toISOString() }),
+          delivery("report", "ba1", report("ba1", 3)),
+          // The last to arrive from ba3 is older than its newest (as when a node that joined again counts from 1).
+          delivery("report", "ba3", report("ba3", 4)),
+          delivery("report", "ba3", report("ba3", 2)),
+          // The newest, twice over: answered once.
+          delivery("report", "ba2", report("ba2", 5)),
+          delivery("report", "ba2", report("ba2", 5)),
+        ],
+        false,
+      );
       assert.deepEqual(outcomes, Array(12).fill("done"));
       assert.deepEqual(
         (await store.accounts.history("ba1")).map((a) => a.reportSequence),
@@ -304,7 +307,7 @@ for (const backend of storeBackends) {
         delivery("report", "co1", report("co1", n)),
         delivery("report", "co2", report("co2", n)),
       ]);
-      assert.deepEqual(await checked.handleBatch(batch), Array(6).fill("done"));
+      assert.deepEqual(await checked.handleBatch(batch, false), Array(6).fill("done"));
       // Each node's newest report (3) is answered: one receipt per node.
       assert.equal(checks.length, 2);
       assert.deepEqual(answeredHere.sort(), ["co1 3", "co2 3"]);
@@ -319,19 +322,19 @@ for (const backend of storeBackends) {
         log: createLogger({ write: (line) => lines.push(line), pretty: false }),
       });
       const later = [4, 5].map((n) => delivery("report", "co1", report("co1", n)));
-      assert.deepEqual(await failing.handleBatch(later), ["retry", "retry"]);
+      assert.deepEqual(await failing.handleBatch(later, false), ["retry", "retry"]);
       assert.equal(checks.length, 2, "no receipt for a batch that was not written");
       assert.ok(
         lines.some((line) => line.includes('"event":"ingest.failed"') && line.includes('"deliveries":2')),
       );
       await elsewhere.cleanup();
       // Redelivered to a working store, the batch is kept as if nothing had happened.
-      assert.deepEqual(await checked.handleBatch(later), ["done", "done"]);
+      assert.deepEqual(await checked.handleBatch(later, false), ["done", "done"]);
       await Promise.all(checks);
       assert.equal((await store.accounts.recoveryCopy("co1"))?.reportSequence, 5);
     });
 
-    test("ingest — receipts go out at most once a period: each node's newest of the batches between, one receipt", async () => {
+    test("ingest — draining a backlog, receipts go out at most once a period: each node's newest of the batches between, one receipt", async () => {
       for (const node of ["rp1", "rp2", "rp3"]) await enrol(node, clock);
       const sent: string[] = [];
       const sentBus = busDoing("publishReceipt", (node: string, body: Uint8Array) => {
@@ -351,8 +354,12 @@ for (const backend of storeBackends) {
         receiptsSent: (count) => (counted += count),
       });
       const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
+      // Each batch taken full from a backlog.
       const batch = (...reports: Array<[string, number]>) =>
-        periodic.handleBatch(reports.map(([node, n]) => delivery("report", node, report(node, n))));
+        periodic.handleBatch(
+          reports.map(([node, n]) => delivery("report", node, report(node, n))),
+          true,
+        );
       try {
         // None sent before: the first batch is answered at once.
         await batch(["rp1", 1], ["rp1", 2], ["rp2", 1]);
@@ -385,7 +392,7 @@ for (const backend of storeBackends) {
       );
     });
 
-    test("ingest — a node not answered within the period is answered at once; one answered waits for the period's sending", async () => {
+    test("ingest — in a backlog, a node not answered within the period is answered at once; one answered waits for the period's sending", async () => {
       for (const node of ["ra1", "ra2", "ra3"]) await enrol(node, clock);
       const sent: string[] = [];
       const sentBus = busDoing("publishReceipt", (node: string, body: Uint8Array) => {
@@ -397,7 +404,10 @@ for (const backend of storeBackends) {
       const paced = ingestOn(sentBus, { receiptsEveryMs: 3_600_000 });
       const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
       const batch = (...reports: Array<[string, number]>) =>
-        paced.handleBatch(reports.map(([node, n]) => delivery("report", node, report(node, n))));
+        paced.handleBatch(
+          reports.map(([node, n]) => delivery("report", node, report(node, n))),
+          true,
+        );
       try {
         await batch(["ra1", 1]);
         assert.deepEqual(sent.splice(0), ["ra1 1"]);
@@ -421,6 +431,51 @@ for (const backend of storeBackends) {
       assert.deepEqual(sent, [], "closed: what waited is not sent");
     });
 
+    test("ingest — a batch taken as the messages came answers each of its nodes at once, however lately answered; what a backlog held still waits", async () => {
+      for (const node of ["rl1", "rl2", "rl3"]) await enrol(node, clock);
+      const sent: string[] = [];
+      const sentBus = busDoing("publishReceipt", (node: string, body: Uint8Array) => {
+        const { report_sequence } = JSON.parse(new TextDecoder().decode(body)) as { report_sequence: number };
+        sent.push(`${node} ${report_sequence}`);
+        return Promise.resolve();
+      });
+      // A period far longer than the test: what is sent is decided by the clock given, never by a timer.
+      const live = ingestOn(sentBus, { receiptsEveryMs: 3_600_000 });
+      const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
+      const batch = (backlog: boolean, ...reports: Array<[string, number]>) =>
+        live.handleBatch(
+          reports.map(([node, n]) => delivery("report", node, report(node, n))),
+          backlog,
+        );
+      try {
+        await batch(false, ["rl1", 1], ["rl2", 1]);
+        assert.deepEqual(sent.splice(0), ["rl1 1", "rl2 1"]);
+        later(1000);
+        // A second later, the next roll-out's reports: answered at once, though within the period.
+        await batch(false, ["rl1", 2]);
+        assert.deepEqual(sent.splice(0), ["rl1 2"]);
+        later(1000);
+        // Out of a backlog, rl2 (answered two seconds ago) waits for the period's sending.
+        await batch(true, ["rl2", 2], ["rl3", 1]);
+        assert.deepEqual(sent.splice(0), ["rl3 1"]);
+        later(1000);
+        // A batch as the messages came answers its own nodes, not those the backlog held.
+        await batch(false, ["rl1", 3]);
+        assert.deepEqual(sent.splice(0), ["rl1 3"], "rl2 still waits for the period's sending");
+        later(3_600_000);
+        await batch(false, ["rl3", 2]);
+        assert.deepEqual(sent.splice(0).sort(), ["rl2 2", "rl3 2"]);
+        assert.deepEqual(
+          (await store.accounts.history("rl1")).map((a) => a.reportSequence),
+          [3, 2, 1],
+          "every report kept as it came",
+        );
+      } finally {
+        live.close();
+      }
+      assert.deepEqual(sent, [], "nothing left waiting");
+    });
+
     test("ingest — a receipt waiting for the period's sending goes out by the timer when no batch comes", async () => {
       await enrol("rt1", clock);
       const sent: string[] = [];
@@ -434,10 +489,10 @@ for (const backend of storeBackends) {
       // The clock given stands still: only the timer can end the period's wait.
       const timed = ingestOn(sentBus, { receiptsEveryMs: 50 });
       try {
-        await timed.handleBatch([delivery("report", "rt1", report("rt1", 1))]);
+        await timed.handleBatch([delivery("report", "rt1", report("rt1", 1))], false);
         assert.deepEqual(sent.splice(0), ["rt1 1"]);
         const second = new Promise<void>((resolve) => (heard = resolve));
-        await timed.handleBatch([delivery("report", "rt1", report("rt1", 2))]);
+        await timed.handleBatch([delivery("report", "rt1", report("rt1", 2))], true);
         assert.deepEqual(sent, [], "answered within the period: it waits");
         await second;
         assert.deepEqual(sent, ["rt1 2"]);
