@@ -46,15 +46,8 @@ export interface EnrolAnswer {
   afterReply?: () => Promise<void>;
 }
 
-/**
- * Decides a batch of deliveries: one outcome for each, in the same order. `backlog` says the batch was taken full
- * (`controlBatchMax` at once, more waiting behind it, as when a queue that filled while nobody consumed is drained);
- * a batch taken as the messages came is not.
- */
-export type ControlHandler = (
-  batch: readonly ControlDelivery[],
-  backlog: boolean,
-) => Promise<DeliveryOutcome[]>;
+/** Decides a batch of deliveries: one outcome for each, in the same order. */
+export type ControlHandler = (batch: readonly ControlDelivery[]) => Promise<DeliveryOutcome[]>;
 
 /**
  * The most deliveries handed to the control plane at once: one transaction and one acknowledgement each. 512 rather

@@ -149,7 +149,7 @@ export class Duties {
     this.periodic.every("last_seen.flush", periods.flushEveryMs, () => this.ingest.flush());
     this.periodic.every("events.prune", periods.pruneEveryMs, () => this.retention());
     this.periodic.every("liveness.check", periods.livenessEveryMs, () => this.watch.check());
-    this.consuming = side.bus.consumeControl(async (batch, backlog) => {
+    this.consuming = side.bus.consumeControl(async (batch) => {
       // While the store takes no writes the batch waits here, unacknowledged, and nothing more is taken.
       await this.hearing.storeWritable();
       await this.plans.rollingOut(rolloutHoldsIngestMs);
@@ -157,7 +157,7 @@ export class Duties {
         metrics.handedBack(batch.length);
         return batch.map(() => "retry");
       }
-      const outcomes = await this.ingest.handleBatch(batch, backlog);
+      const outcomes = await this.ingest.handleBatch(batch);
       metrics.handled(batch.length);
       return outcomes;
     });

@@ -59,10 +59,10 @@ export interface IngestContext {
    */
   storeFailed?: (error: unknown, handedBack: number) => Promise<boolean>;
   /**
-   * Draining a backlog, a node sent a receipt less than this long ago (default 0: none) waits for the next sending of
-   * all those waiting, at most this often, and is then sent one for its newest report of the batches between: there
-   * nearly every batch holds a report of nearly every node, and a node keeps only its newest pending. Any other node,
-   * and every node of a batch taken as the messages came, is answered as soon as its batch is written.
+   * A node sent a receipt less than this long ago (default 0: none), for a report the broker had already when that
+   * receipt went, waits for the next sending of all those waiting, at most this often, and is then sent one for its
+   * newest report of the batches between: draining a backlog, nearly every batch holds a report of nearly every node,
+   * and a node keeps only its newest pending. Any other node is answered as soon as its batch is written.
    */
   receiptsEveryMs?: number;
   /** Told how many receipts each sending holds, as it goes (the control plane's metrics). */
@@ -130,7 +130,7 @@ export class Ingest {
 
   /** One delivery: a batch of one. */
   async handle(delivery: ControlDelivery): Promise<DeliveryOutcome> {
-    const [outcome] = await this.handleBatch([delivery], false);
+    const [outcome] = await this.handleBatch([delivery]);
     return outcome ?? "retry";
   }
 
@@ -138,9 +138,9 @@ export class Ingest {
    * Deliveries in the order they arrived, handled as that order says, with everything they change written in one
    * transaction. Receipts go out only once it has committed; until then nothing is acknowledged. A failure of our
    * own (the store is down) hands the whole batch back for redelivery, where a report already kept is taken again
-   * quietly. `backlog`: the batch was taken full from a queue being drained (`ControlHandler`).
+   * quietly.
    */
-  async handleBatch(deliveries: readonly ControlDelivery[], backlog: boolean): Promise<DeliveryOutcome[]> {
+  async handleBatch(deliveries: readonly ControlDelivery[]): Promise<DeliveryOutcome[]> {
     const batch = new Batch(this.context.now());
     try {
       await this.judge(deliveries, batch);
@@ -169,7 +169,7 @@ export class Ingest {
         if (known === undefined || known < spokeAt) this.seen.set(node, spokeAt);
       }
       this.unsent.take(batch.answers);
-      await this.sendReceipts(false, batch.answers.nodes(), backlog);
+      await this.sendReceipts(false, batch.reportedAt);
       await this.catchUp(batch.holds);
       return deliveries.map(() => "done");
     } catch (error) {
@@ -193,20 +193,21 @@ export class Ingest {
   }
 
   /**
-   * Sends the receipts of the batches written. In a backlog (`backlog`: its batch was taken full), a node sent one
-   * less than `receiptsEveryMs` ago waits for the period's sending, which sends every receipt waiting once the period
-   * since the last such sending is up (a timer, when no batch comes then); any other node is answered at once. So a
-   * node whose reports keep coming out of a backlog is sent about one receipt a period, for its newest, while the
-   * nodes of a batch taken as the messages came hear at once, however lately they were answered: a roll-out's nodes,
-   * each reporting once, are not kept waiting because the roll-out before was less than a period ago. A node sends a
-   * report again until its receipt comes, and a report kept twice is taken quietly: so a batch is acknowledged
-   * without waiting for the broker to confirm its receipts. One sending may be on its way while the next batch is
-   * handled, no more.
+   * Sends the receipts of the batches written. A node sent one less than `receiptsEveryMs` ago, for a report the
+   * broker had already when that one went, waits for the period's sending, which sends every receipt waiting once the
+   * period since the last such sending is up (a timer, when no batch comes then); any other node is answered at once.
+   * So a node whose reports were waiting together (a backlog drained) is sent about one receipt a period, for its
+   * newest, while a node whose report reached the broker after its last receipt went hears at once: a roll-out's
+   * nodes, each reporting once, however soon after the one before, and a node reporting after a quiet time. A node
+   * sending report after report hears at most once a batch, never more often than it reports. A node sends a report
+   * again until its receipt comes, and a report kept twice is taken quietly: so a batch is acknowledged without
+   * waiting for the broker to confirm its receipts. One sending may be on its way while the next batch is handled,
+   * no more.
    */
-  private async sendReceipts(due: boolean, heard: readonly string[] = [], backlog = false): Promise<void> {
+  private async sendReceipts(due: boolean, heard: ReadonlyMap<string, number> = new Map()): Promise<void> {
     if (this.closed || this.unsent.size === 0) return;
     // Nothing to send now: the receipts wait for the period's sending, and the batch does not wait for the last one.
-    if (this.choose(due, heard, backlog) === undefined) return;
+    if (this.choose(due, heard) === undefined) return;
     // Another call may start a sending while this one waits: it waits until none is on its way, and chooses again.
     let onItsWay: Promise<void>;
     do {
@@ -214,7 +215,7 @@ export class Ingest {
       await onItsWay;
     } while (onItsWay !== this.receiptsOnTheirWay);
     if (this.closed) return;
-    const chosen = this.choose(due, heard, backlog);
+    const chosen = this.choose(due, heard);
     if (chosen === undefined) return;
     const { all, atOnce, now } = chosen;
     if (all) {
@@ -243,14 +244,13 @@ export class Ingest {
   }
 
   /**
-   * What to send now: everything waiting once the period's sending is due, or else the nodes of `heard` (in a
-   * backlog, those not answered within the period), with the timer set for the period's sending; undefined when
-   * there is nothing to send now.
+   * What to send now: everything waiting once the period's sending is due, or else the nodes of `heard` (each with
+   * when the broker had its newest report of the batch) not answered within the period or answered before the broker
+   * had that report, with the timer set for the period's sending; undefined when there is nothing to send now.
    */
   private choose(
     due: boolean,
-    heard: readonly string[],
-    backlog: boolean,
+    heard: ReadonlyMap<string, number>,
   ): { all: boolean; atOnce: readonly string[]; now: number } | undefined {
     if (this.unsent.size === 0) return undefined;
     const everyMs = this.context.receiptsEveryMs ?? 0;
@@ -268,12 +268,13 @@ export class Ingest {
       },
       Math.min(waitMs, everyMs),
     );
-    // Answered within the period: after its start and not after now (a time ahead of a clock set back is not).
-    const answeredWithin = (node: string) => {
+    // Waits: answered within the period (after its start and not after now: a time ahead of a clock set back is
+    // not), for a report the broker had already then. A report it had at that very millisecond waits too.
+    const waits = (node: string, reportedAt: number) => {
       const at = this.answeredAt.get(node);
-      return at !== undefined && at > now - everyMs && at <= now;
+      return at !== undefined && at > now - everyMs && at <= now && reportedAt <= at;
     };
-    const atOnce = backlog ? heard.filter((node) => !answeredWithin(node)) : heard;
+    const atOnce = [...heard].filter(([node, reportedAt]) => !waits(node, reportedAt)).map(([node]) => node);
     return atOnce.length === 0 ? undefined : { all: false, atOnce, now };
   }
 
@@ -354,6 +355,8 @@ export class Ingest {
         continue;
       }
       batch.seen.set(node, spokeAt);
+      if (spokeAt > (batch.reportedAt.get(node) ?? Number.NEGATIVE_INFINITY))
+        batch.reportedAt.set(node, spokeAt);
       reports.push({
         node,
         report,
@@ -717,6 +720,8 @@ class Batch {
   readonly events: MeshEvent[] = [];
   /** Each node's receipts to send once the batch is written. */
   readonly answers = new Answers();
+  /** When the broker had each node's newest report of the batch (ms, never ahead of the batch's time). */
+  readonly reportedAt = new Map<string, number>();
   /** When each node spoke (ms), taken into `last_seen` once the batch is written. */
   readonly seen = new Map<string, number>();
   /** What each node's latest alive says it holds. */

@@ -13,7 +13,6 @@ import { after, afterEach, before, describe, test } from "node:test";
 import amqp from "amqplib";
 import type { ControlDelivery, ControlSide, NodeDelivery } from "../../src/bus/index.js";
 import { BrokerRefusedIdentity, BusError, freePort, openEnrolmentSide } from "../../src/bus/index.js";
-import { controlBatchMax } from "../../src/bus/bus.js";
 import { compileMeshOptions } from "../../src/config/options.js";
 import type { RunningControlPlane } from "../../src/control/serve.js";
 import { serve } from "../../src/control/serve.js";
@@ -327,48 +326,6 @@ for (const { name, open: openTransport } of transports) {
         15_000,
       );
       assert.equal(again.redelivered, true, "marked as delivered before");
-    });
-
-    test(`conformance (${name}) — a batch taken full says it comes out of a backlog; one taken as the messages come does not`, async () => {
-      // More reports than two batches take, sent while no control plane consumes (NATS keeps 32 a node: 30 each).
-      const senders = 40;
-      const each = 30;
-      for (let n = 0; n < senders; n++) {
-        const { bus: node, close } = await openNode(`edge-b${n}`);
-        for (let k = 0; k < each; k++) await node.publishReport(payload(`backlog ${k}`));
-        await close();
-      }
-      const side = await openControl();
-      const batches: { size: number; backlog: boolean; ours: number }[] = [];
-      let first = true;
-      void side.bus.consumeControl(async (batch, backlog) => {
-        if (first) {
-          // The first batch is held a while: the broker hands the consumer what it may hold unacknowledged
-          // meanwhile (1,024 messages), and the next batch is taken from that.
-          first = false;
-          await new Promise((resolve) => setTimeout(resolve, 2000));
-        }
-        const ours = batch.filter((d) => d.node?.startsWith("edge-b") === true).length;
-        batches.push({ size: batch.length, backlog, ours });
-        return batch.map(() => "done" as const);
-      });
-      await eventually("the backlog drained", () =>
-        batches.reduce((sum, b) => sum + b.ours, 0) >= senders * each ? true : undefined,
-      );
-      assert.ok(
-        batches.some((b) => b.backlog),
-        `a batch taken full out of the backlog: ${JSON.stringify(batches)}`,
-      );
-      for (const b of batches) assert.equal(b.backlog, b.size === controlBatchMax, JSON.stringify(b));
-      // Then one report as it comes: a batch of its own, not a backlog.
-      const heardBefore = batches.length;
-      const { bus: node } = await openNode("edge-b0");
-      await node.publishReport(payload("as it comes"));
-      const lone = await eventually("the lone report", () =>
-        batches.slice(heardBefore).find((b) => b.ours > 0),
-      );
-      assert.equal(lone.backlog, false);
-      assert.ok(lone.size < controlBatchMax);
     });
 
     test(`conformance (${name}) — after every connection drops, the control plane and the node carry on without a person`, async () => {

@@ -84,7 +84,7 @@ for (const { name, open } of transports) {
         now: () => new Date(),
         resendAfterMs: 5000,
       });
-      const consuming = side.bus.consumeControl((batch, backlog) => ingest.handleBatch(batch, backlog));
+      const consuming = side.bus.consumeControl((batch) => ingest.handleBatch(batch));
       try {
         await eventually("both reports judged", async () => {
           const counters = await store.counters.of(node);

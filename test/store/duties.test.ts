@@ -113,10 +113,10 @@ describe("the acting control plane's duties", () => {
       redelivered: false,
       receivedAt: new Date(),
     };
-    assert.deepEqual(await handle?.([alive], false), ["done"]);
+    assert.deepEqual(await handle?.([alive]), ["done"]);
     open = false;
     assert.deepEqual(
-      await handle?.([alive, alive], false),
+      await handle?.([alive, alive]),
       ["retry", "retry"],
       "handed back while the gate is shut",
     );

@@ -236,27 +236,24 @@ for (const backend of storeBackends) {
       await enrol("ba2", clock);
       await enrol("ba3", clock);
       const garbage = notJson("ba2");
-      const outcomes = await ingest.handleBatch(
-        [
-          delivery("report", "ba1", report("ba1", 1)),
-          delivery("report", "ba2", report("ba2", 1)),
-          delivery("report", "ba1", report("ba1", 2)),
-          // Sent again in the same batch: taken quietly.
-          delivery("report", "ba1", report("ba1", 2)),
-          // Older than one kept earlier in this very batch: refused.
-          delivery("report", "ba1", report("ba1", 1)),
-          garbage,
-          delivery("alive", "ba2", { kind: "alive", node: "ba2", sent_at: clock.toISOString() }),
-          delivery("report", "ba1", report("ba1", 3)),
-          // The last to arrive from ba3 is older than its newest (as when a node that joined again counts from 1).
-          delivery("report", "ba3", report("ba3", 4)),
-          delivery("report", "ba3", report("ba3", 2)),
-          // The newest, twice over: answered once.
-          delivery("report", "ba2", report("ba2", 5)),
-          delivery("report", "ba2", report("ba2", 5)),
-        ],
-        false,
-      );
+      const outcomes = await ingest.handleBatch([
+        delivery("report", "ba1", report("ba1", 1)),
+        delivery("report", "ba2", report("ba2", 1)),
+        delivery("report", "ba1", report("ba1", 2)),
+        // Sent again in the same batch: taken quietly.
+        delivery("report", "ba1", report("ba1", 2)),
+        // Older than one kept earlier in this very batch: refused.
+        delivery("report", "ba1", report("ba1", 1)),
+        garbage,
+        delivery("alive", "ba2", { kind: "alive", node: "ba2", sent_at: clock.toISOString() }),
+        delivery("report", "ba1", report("ba1", 3)),
+        // The last to arrive from ba3 is older than its newest (as when a node that joined again counts from 1).
+        delivery("report", "ba3", report("ba3", 4)),
+        delivery("report", "ba3", report("ba3", 2)),
+        // The newest, twice over: answered once.
+        delivery("report", "ba2", report("ba2", 5)),
+        delivery("report", "ba2", report("ba2", 5)),
+      ]);
       assert.deepEqual(outcomes, Array(12).fill("done"));
       assert.deepEqual(
         (await store.accounts.history("ba1")).map((a) => a.reportSequence),
@@ -307,7 +304,7 @@ for (const backend of storeBackends) {
         delivery("report", "co1", report("co1", n)),
         delivery("report", "co2", report("co2", n)),
       ]);
-      assert.deepEqual(await checked.handleBatch(batch, false), Array(6).fill("done"));
+      assert.deepEqual(await checked.handleBatch(batch), Array(6).fill("done"));
       // Each node's newest report (3) is answered: one receipt per node.
       assert.equal(checks.length, 2);
       assert.deepEqual(answeredHere.sort(), ["co1 3", "co2 3"]);
@@ -322,20 +319,22 @@ for (const backend of storeBackends) {
         log: createLogger({ write: (line) => lines.push(line), pretty: false }),
       });
       const later = [4, 5].map((n) => delivery("report", "co1", report("co1", n)));
-      assert.deepEqual(await failing.handleBatch(later, false), ["retry", "retry"]);
+      assert.deepEqual(await failing.handleBatch(later), ["retry", "retry"]);
       assert.equal(checks.length, 2, "no receipt for a batch that was not written");
       assert.ok(
         lines.some((line) => line.includes('"event":"ingest.failed"') && line.includes('"deliveries":2')),
       );
       await elsewhere.cleanup();
       // Redelivered to a working store, the batch is kept as if nothing had happened.
-      assert.deepEqual(await checked.handleBatch(later, false), ["done", "done"]);
+      assert.deepEqual(await checked.handleBatch(later), ["done", "done"]);
       await Promise.all(checks);
       assert.equal((await store.accounts.recoveryCopy("co1"))?.reportSequence, 5);
     });
 
     test("ingest — draining a backlog, receipts go out at most once a period: each node's newest of the batches between, one receipt", async () => {
       for (const node of ["rp1", "rp2", "rp3"]) await enrol(node, clock);
+      // A backlog: the broker had every report before the first receipt went.
+      const since = clock;
       const sent: string[] = [];
       const sentBus = busDoing("publishReceipt", (node: string, body: Uint8Array) => {
         const { report_sequence, verdict } = JSON.parse(new TextDecoder().decode(body)) as {
@@ -354,12 +353,8 @@ for (const backend of storeBackends) {
         receiptsSent: (count) => (counted += count),
       });
       const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
-      // Each batch taken full from a backlog.
       const batch = (...reports: Array<[string, number]>) =>
-        periodic.handleBatch(
-          reports.map(([node, n]) => delivery("report", node, report(node, n))),
-          true,
-        );
+        periodic.handleBatch(reports.map(([node, n]) => delivery("report", node, report(node, n), since)));
       try {
         // None sent before: the first batch is answered at once.
         await batch(["rp1", 1], ["rp1", 2], ["rp2", 1]);
@@ -394,6 +389,8 @@ for (const backend of storeBackends) {
 
     test("ingest — in a backlog, a node not answered within the period is answered at once; one answered waits for the period's sending", async () => {
       for (const node of ["ra1", "ra2", "ra3"]) await enrol(node, clock);
+      // A backlog: the broker had every report before the first receipt went.
+      const since = clock;
       const sent: string[] = [];
       const sentBus = busDoing("publishReceipt", (node: string, body: Uint8Array) => {
         const { report_sequence } = JSON.parse(new TextDecoder().decode(body)) as { report_sequence: number };
@@ -404,10 +401,7 @@ for (const backend of storeBackends) {
       const paced = ingestOn(sentBus, { receiptsEveryMs: 3_600_000 });
       const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
       const batch = (...reports: Array<[string, number]>) =>
-        paced.handleBatch(
-          reports.map(([node, n]) => delivery("report", node, report(node, n))),
-          true,
-        );
+        paced.handleBatch(reports.map(([node, n]) => delivery("report", node, report(node, n), since)));
       try {
         await batch(["ra1", 1]);
         assert.deepEqual(sent.splice(0), ["ra1 1"]);
@@ -431,7 +425,7 @@ for (const backend of storeBackends) {
       assert.deepEqual(sent, [], "closed: what waited is not sent");
     });
 
-    test("ingest — a batch taken as the messages came answers each of its nodes at once, however lately answered; what a backlog held still waits", async () => {
+    test("ingest — a report the broker had after its node's last receipt went is answered at once, however soon; one it had before waits", async () => {
       for (const node of ["rl1", "rl2", "rl3"]) await enrol(node, clock);
       const sent: string[] = [];
       const sentBus = busDoing("publishReceipt", (node: string, body: Uint8Array) => {
@@ -442,32 +436,31 @@ for (const backend of storeBackends) {
       // A period far longer than the test: what is sent is decided by the clock given, never by a timer.
       const live = ingestOn(sentBus, { receiptsEveryMs: 3_600_000 });
       const later = (ms: number) => (clock = new Date(clock.getTime() + ms));
-      const batch = (backlog: boolean, ...reports: Array<[string, number]>) =>
-        live.handleBatch(
-          reports.map(([node, n]) => delivery("report", node, report(node, n))),
-          backlog,
-        );
+      const at = (ms: number) => new Date(clock.getTime() + ms);
+      const batch = (...reports: Array<[string, number, Date]>) =>
+        live.handleBatch(reports.map(([node, n, had]) => delivery("report", node, report(node, n), had)));
       try {
-        await batch(false, ["rl1", 1], ["rl2", 1]);
+        await batch(["rl1", 1, at(0)], ["rl2", 1, at(0)]);
         assert.deepEqual(sent.splice(0), ["rl1 1", "rl2 1"]);
+        // The next roll-out's reports, a second later: the broker had them after the receipts went.
         later(1000);
-        // A second later, the next roll-out's reports: answered at once, though within the period.
-        await batch(false, ["rl1", 2]);
-        assert.deepEqual(sent.splice(0), ["rl1 2"]);
-        later(1000);
-        // Out of a backlog, rl2 (answered two seconds ago) waits for the period's sending.
-        await batch(true, ["rl2", 2], ["rl3", 1]);
-        assert.deepEqual(sent.splice(0), ["rl3 1"]);
-        later(1000);
-        // A batch as the messages came answers its own nodes, not those the backlog held.
-        await batch(false, ["rl1", 3]);
-        assert.deepEqual(sent.splice(0), ["rl1 3"], "rl2 still waits for the period's sending");
+        await batch(["rl1", 2, at(-200)], ["rl2", 2, at(-200)]);
+        assert.deepEqual(sent.splice(0), ["rl1 2", "rl2 2"], "answered at once, though within the period");
+        later(500);
+        // rl1's report the broker had a millisecond before its last receipt went: part of what waited with it.
+        // rl2 reports twice in the batch, both after its last receipt: one receipt, for the newest.
+        await batch(["rl1", 3, at(-501)], ["rl2", 3, at(-100)], ["rl2", 4, at(-50)], ["rl3", 1, at(-50)]);
+        assert.deepEqual(sent.splice(0), ["rl2 4", "rl3 1"], "rl1 waits for the period's sending");
+        later(100);
+        // At the very millisecond its last receipt went: it waits too.
+        await batch(["rl2", 5, at(-100)]);
+        assert.deepEqual(sent, []);
         later(3_600_000);
-        await batch(false, ["rl3", 2]);
-        assert.deepEqual(sent.splice(0).sort(), ["rl2 2", "rl3 2"]);
+        await batch(["rl3", 2, at(0)]);
+        assert.deepEqual(sent.splice(0).sort(), ["rl1 3", "rl2 5", "rl3 2"]);
         assert.deepEqual(
-          (await store.accounts.history("rl1")).map((a) => a.reportSequence),
-          [3, 2, 1],
+          (await store.accounts.history("rl2")).map((a) => a.reportSequence),
+          [5, 4, 3, 2, 1],
           "every report kept as it came",
         );
       } finally {
@@ -489,10 +482,10 @@ for (const backend of storeBackends) {
       // The clock given stands still: only the timer can end the period's wait.
       const timed = ingestOn(sentBus, { receiptsEveryMs: 50 });
       try {
-        await timed.handleBatch([delivery("report", "rt1", report("rt1", 1))], false);
+        await timed.handleBatch([delivery("report", "rt1", report("rt1", 1))]);
         assert.deepEqual(sent.splice(0), ["rt1 1"]);
         const second = new Promise<void>((resolve) => (heard = resolve));
-        await timed.handleBatch([delivery("report", "rt1", report("rt1", 2))], true);
+        await timed.handleBatch([delivery("report", "rt1", report("rt1", 2))]);
         assert.deepEqual(sent, [], "answered within the period: it waits");
         await second;
         assert.deepEqual(sent, ["rt1 2"]);

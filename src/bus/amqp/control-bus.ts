@@ -158,7 +158,6 @@ export class AmqpControlBus implements ControlBus {
   private async work(handle: ControlHandler): Promise<void> {
     const enrolling = new Set<Promise<void>>();
     for await (const arrived of this.arrivals.batches(controlBatchMax)) {
-      const backlog = arrived.length >= controlBatchMax;
       let start = 0;
       while (start < arrived.length) {
         const enrols = isEnrol((arrived[start] as Arrived).message);
@@ -177,10 +176,9 @@ export class AmqpControlBus implements ControlBus {
           }
           continue;
         }
-        const outcomes = await handle(
-          run.map(({ message }) => this.delivery(message)),
-          backlog,
-        ).catch((error: unknown) => run.map(() => this.failed(error)));
+        const outcomes = await handle(run.map(({ message }) => this.delivery(message))).catch(
+          (error: unknown) => run.map(() => this.failed(error)),
+        );
         if (outcomes.length === run.length && outcomes.every((outcome) => outcome === "done"))
           this.ackAll(run);
         else run.forEach((one, i) => this.settle(one, outcomes[i] ?? "retry"));

@@ -332,10 +332,7 @@ export class NatsControlBus implements ControlBus {
     try {
       for await (const batch of arrivals.batches(controlBatchMax)) {
         // Offered to an earlier consumer up to `deliveredBefore`: such a message is offered again.
-        const outcomes = await handle(
-          batch.map((one) => deliveryOf(one, kind, one.seq <= deliveredBefore)),
-          batch.length >= controlBatchMax,
-        );
+        const outcomes = await handle(batch.map((one) => deliveryOf(one, kind, one.seq <= deliveredBefore)));
         // Once a delivery is lost, nothing more is acknowledged through this consumer: it is given up.
         if (lost) break;
         const { acknowledge, handBack } = floor.settle(batch, outcomes, Date.now());
@@ -424,10 +421,7 @@ export class NatsControlBus implements ControlBus {
       for await (const msg of await consumer.fetch({ max_messages: controlBatchMax, expires: 1000 }))
         batch.push(msg);
       if (batch.length === 0) continue;
-      const outcomes = await handle(
-        batch.map((msg) => deliveryOf(readDelivery(msg), kind, false)),
-        batch.length >= controlBatchMax,
-      );
+      const outcomes = await handle(batch.map((msg) => deliveryOf(readDelivery(msg), kind, false)));
       batch.forEach((msg, i) => {
         if (outcomes[i] === "done") msg.ack();
         else msg.nak(handBackDelayMs);
