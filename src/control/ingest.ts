@@ -245,8 +245,9 @@ export class Ingest {
 
   /**
    * What to send now: everything waiting once the period's sending is due, or else the nodes of `heard` (each with
-   * when the broker had its newest report of the batch) not answered within the period or answered before the broker
-   * had that report, with the timer set for the period's sending; undefined when there is nothing to send now.
+   * the latest time the broker had one of its reports of the batch) not answered within the period or answered before
+   * the broker had that report, with the timer set for the period's sending; undefined when there is nothing to send
+   * now.
    */
   private choose(
     due: boolean,
@@ -720,7 +721,7 @@ class Batch {
   readonly events: MeshEvent[] = [];
   /** Each node's receipts to send once the batch is written. */
   readonly answers = new Answers();
-  /** When the broker had each node's newest report of the batch (ms, never ahead of the batch's time). */
+  /** The latest time the broker had one of each node's reports of the batch (ms, never ahead of the batch's time). */
   readonly reportedAt = new Map<string, number>();
   /** When each node spoke (ms), taken into `last_seen` once the batch is written. */
   readonly seen = new Map<string, number>();
