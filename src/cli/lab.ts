@@ -19,6 +19,7 @@ import { parseDuration } from "../config/duration.js";
 import type { GlobalFlags } from "./context.js";
 import { optionsFrom, recordedBroker, signingIdentity, withStore } from "./context.js";
 import { stdoutOutput } from "../program/output.js";
+import { stopSignal } from "../program/stop-signal.js";
 
 interface Flags extends LabFlags {
   broker?: string;
@@ -89,10 +90,7 @@ export function registerLabCommand(program: Command): void {
         group_size: labOptions.connections === "shared" ? labOptions.groupSize : 1,
       });
 
-      let stop: (signal: string) => void = () => undefined;
-      const signalled = new Promise<string>((resolve) => (stop = resolve));
-      process.once("SIGINT", () => stop("SIGINT"));
-      process.once("SIGTERM", () => stop("SIGTERM"));
+      const signalled = stopSignal();
 
       const signing = signingIdentity(options);
       const tokens = await withStore(options, (store) =>

@@ -32,6 +32,7 @@ import { recordRunningSettings } from "../config/options.js";
 import { MeshError, UsageError } from "../errors.js";
 import type { Logger } from "../log.js";
 import { createLogger, errorText } from "../log.js";
+import { stopSignal } from "../program/stop-signal.js";
 import type { GlobalFlags } from "./context.js";
 import { optionsFrom, recordedAccess, withStore } from "./context.js";
 
@@ -199,17 +200,6 @@ async function superviseControlPlane(
   // The control plane first: it gives the lease back through the broker.
   await control.stop();
   await broker?.stop();
-}
-
-/**
- * Resolves with the first signal that asks the process to stop: SIGINT, SIGTERM, or SIGHUP (its terminal closed). The
- * handlers stay: a signal that comes again while the process stops (`npm exec` passes the terminal's SIGINT on, so it
- * comes twice) would otherwise end it before it has stopped what it runs.
- */
-function stopSignal(): Promise<string> {
-  return new Promise<string>((resolve) => {
-    for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, () => resolve(signal));
-  });
 }
 
 export function registerServeCommands(program: Command): void {

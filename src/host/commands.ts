@@ -4,8 +4,9 @@ import { resolve } from "node:path";
 import type { Command } from "commander";
 import { parseDuration } from "../config/duration.js";
 import { MeshError, UsageError } from "../errors.js";
-import { createLogger } from "../log.js";
+import { createLogger, errorText } from "../log.js";
 import { stdoutOutput } from "../program/output.js";
+import { stopSignal } from "../program/stop-signal.js";
 import { Agent } from "./agent.js";
 import { join } from "./join.js";
 import { parseLabel } from "./profile.js";
@@ -59,9 +60,13 @@ export function registerHostCommands(program: Command): void {
       // each declaration instead, where the control plane sees it.
       if (!existsSync(root)) mkdirSync(root, { recursive: true });
       const agent = new Agent({ stateDir, root, aliveEveryMs, verifyEveryMs, log });
-      const stop = () => void agent.stop();
-      process.once("SIGINT", stop);
-      process.once("SIGTERM", stop);
+      // The declaration being applied is finished first; a signal that comes again meanwhile does not cut it short.
+      void stopSignal()
+        .then((signal) => {
+          log.info("agent.stopping", { signal });
+          return agent.stop();
+        })
+        .catch((error: unknown) => log.error("agent.stop_failed", { error: errorText(error) }));
       await agent.run();
     });
 
