@@ -3,7 +3,7 @@ import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { resolve } from "node:path";
 import type { Command } from "commander";
 import { parseDuration } from "../config/duration.js";
-import { MeshError, UsageError } from "../errors.js";
+import { exitCodes, MeshError, UsageError } from "../errors.js";
 import { createLogger, errorText } from "../log.js";
 import { stdoutOutput } from "../program/output.js";
 import { stopSignal } from "../program/stop-signal.js";
@@ -66,7 +66,12 @@ export function registerHostCommands(program: Command): void {
           log.info("agent.stopping", { signal });
           return agent.stop();
         })
-        .catch((error: unknown) => log.error("agent.stop_failed", { error: errorText(error) }));
+        .catch((error: unknown) => {
+          // A stop that failed may leave the connection open, and with it the run: the agent ends here instead, as
+          // it did when the failure went unhandled, and says why.
+          log.error("agent.stop_failed", { error: errorText(error) });
+          process.exit(exitCodes.failure);
+        });
       await agent.run();
     });
 

@@ -9,7 +9,7 @@ import { existsSync, mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { fleetForTest } from "../support/fleets.js";
-import { eventually, startBin } from "../support/processes.js";
+import { eventually, logLines, startBin } from "../support/processes.js";
 
 describe("mesh-host run stopped from its terminal", () => {
   const cases: Array<[string, NodeJS.Signals]> = [
@@ -62,11 +62,7 @@ describe("mesh-host run stopped from its terminal", () => {
       process.kill(pid, signal);
       writeFileSync(release, "");
       assert.equal(await agent.exited, 0, `${agent.child.signalCode ?? ""} ${agent.stderr()}`);
-      const lines = agent
-        .stderr()
-        .split("\n")
-        .filter((line) => line !== "")
-        .map((line) => JSON.parse(line) as { level: string; event: string; signal?: string });
+      const lines = logLines<{ level: string; event: string; signal?: string }>(agent.stderr());
       assert.deepEqual(
         lines.filter((line) => line.level === "error" || line.level === "warn"),
         [],

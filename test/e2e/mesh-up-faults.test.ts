@@ -14,7 +14,7 @@ import type { TestContext } from "node:test";
 import type { Fleet } from "../support/fleets.js";
 import { controlPlanePid, fleetForTest } from "../support/fleets.js";
 import { mesh, meshHost } from "../support/cli.js";
-import { eventually, startBin } from "../support/processes.js";
+import { eventually, logLines, startBin } from "../support/processes.js";
 import { tempDir } from "../support/tmp.js";
 
 /** The pids of processes whose command line holds `pattern` (none: empty). */
@@ -184,11 +184,7 @@ describe("mesh up stopped from its terminal", () => {
       for (const signal of again) process.kill(-group, signal);
       process.kill(controlPid, "SIGCONT");
       assert.equal(await up.exited, 0, `${up.child.signalCode ?? ""} ${up.stderr()}`);
-      const lines = up
-        .stderr()
-        .split("\n")
-        .filter((line) => line !== "")
-        .map((line) => JSON.parse(line) as { level: string; event: string; given_back?: boolean });
+      const lines = logLines<{ level: string; event: string; given_back?: boolean }>(up.stderr());
       assert.deepEqual(
         lines.filter((line) => line.level === "error" || line.level === "warn"),
         [],

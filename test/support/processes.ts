@@ -83,3 +83,11 @@ export async function eventually<T>(
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
 }
+
+/** A process's log as the mesh writes it (one JSON object a line), each line parsed. */
+export function logLines<Line extends { level: string; event: string }>(text: string): Line[] {
+  return text
+    .split("\n")
+    .filter((line) => line !== "")
+    .map((line) => JSON.parse(line) as Line);
+}
