@@ -46,8 +46,9 @@ export async function answerEnrolment(
 ): Promise<EnrolAnswer> {
   const { store, log } = context;
   const now = context.now();
+  // Bounded as a whole: a reason that quotes what the joiner sent, with words around it, still fits the reply.
   const refuse = (reason: string): EnrolAnswer => ({
-    reply: encodeMessage({ kind: "enrol_reply", accepted: false, reason }),
+    reply: encodeMessage({ kind: "enrol_reply", accepted: false, reason: boundText(reason) }),
   });
 
   /** Counted always; told (logged, kept as an event) at most once a minute for this node. */
@@ -70,7 +71,7 @@ export async function answerEnrolment(
   } catch (error) {
     if (!(error instanceof ContractError)) throw error;
     await tellRefusal(`malformed: ${error.reason}`);
-    return refuse(`enrolment refused: ${boundText(error.reason)}`);
+    return refuse(`enrolment refused: ${error.reason}`);
   }
 
   // The broker vouches for the node it routed the question from (the subject, or the token account's user_id);

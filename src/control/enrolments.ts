@@ -1,7 +1,9 @@
 /**
  * Answering enrolments as the acting control plane: only while the lease's gate is open, side by side, but one
  * node's one after another — a node with two valid tokens presented at once must end with one broker identity, the
- * one before revoked each time.
+ * one before revoked each time. What waits is bounded: a few questions per node, and so many bytes of questions in
+ * all; beyond that a question is answered at once that the control plane is busy (a token's holder asking as fast as
+ * it can would otherwise queue its questions, each up to the largest message, faster than the store answers them).
  */
 import type { EnrolAnswer, EnrolRequest } from "../bus/index.js";
 import { encodeMessage } from "../link/index.js";
@@ -10,36 +12,82 @@ import { answerEnrolment } from "./enrolment.js";
 
 /** What the control plane answers while its gate is closed: the joiner asks again, of whoever acts then. */
 export const handingOver = "the control plane is handing over; try again";
+/** What it answers to a node's question while that node has `perNode` questions waiting already. */
+export const busyWithNode = "the control plane is still answering this node's earlier enrolments; try again";
+/** What it answers while the questions waiting, all nodes together, hold `bytes` already. */
+export const busyWithAll = "the control plane is answering many enrolments; try again";
+
+export interface EnrolmentLimits {
+  /** How many questions of one node wait at most, the one being answered included. */
+  perNode: number;
+  /** How many bytes of questions wait at most, all nodes together. */
+  bytes: number;
+}
+
+/**
+ * A joiner asks once and waits for its answer, so an honest node has one question under way (two tokens presented
+ * at once, two). 10,000 machines joining at once ask with about 20 MB; a question is 1 MiB at most.
+ */
+export const enrolmentLimits: EnrolmentLimits = { perNode: 4, bytes: 64 * 1024 * 1024 };
 
 export class Enrolments {
   /** The last answer under way for each node, which the next one for that node waits for. */
   private readonly turns = new Map<string, Promise<EnrolAnswer>>();
+  /** How many questions of each node wait or are being answered. */
+  private readonly waiting = new Map<string, number>();
+  /** The bytes of all those questions. */
+  private bytesWaiting = 0;
 
   constructor(
     private readonly context: EnrolmentContext,
     /** Whether this control plane may act now (the lease's gate). */
     private readonly gate: () => boolean,
     private readonly answerOne: typeof answerEnrolment = answerEnrolment,
+    private readonly limits: EnrolmentLimits = enrolmentLimits,
   ) {}
 
   /** Answers one enrolment, after any other enrolment of the same node still under way. */
   async answer(request: EnrolRequest): Promise<EnrolAnswer> {
-    if (!this.gate()) {
-      return { reply: encodeMessage({ kind: "enrol_reply", accepted: false, reason: handingOver }) };
-    }
+    if (!this.gate()) return refusal(handingOver);
+    const { node } = request;
+    const waiting = this.waiting.get(node) ?? 0;
+    const bytes = request.body.byteLength;
+    if (waiting >= this.limits.perNode) return this.busy(node, busyWithNode);
+    if (this.bytesWaiting + bytes > this.limits.bytes) return this.busy(node, busyWithAll);
+    this.waiting.set(node, waiting + 1);
+    this.bytesWaiting += bytes;
     const answer = () => this.answerOne(this.context, request);
-    const before = this.turns.get(request.node) ?? Promise.resolve();
+    const before = this.turns.get(node) ?? Promise.resolve();
     const turn = before.then(answer, answer);
-    this.turns.set(request.node, turn);
+    this.turns.set(node, turn);
     try {
       return await turn;
     } finally {
-      if (this.turns.get(request.node) === turn) this.turns.delete(request.node);
+      if (this.turns.get(node) === turn) this.turns.delete(node);
+      const left = (this.waiting.get(node) ?? 1) - 1;
+      if (left > 0) this.waiting.set(node, left);
+      else this.waiting.delete(node);
+      this.bytesWaiting -= bytes;
     }
+  }
+
+  /**
+   * Refuses a question for now without reading it: told as any refusal is (at most once a minute per node, with how
+   * many came), not counted in the store one by one, which would be the very work the refusal spares.
+   */
+  private async busy(node: string, reason: string): Promise<EnrolAnswer> {
+    const { refusals, store, now } = this.context;
+    const event = refusals.note({ node, kind: "enrol", reason }, now());
+    if (event !== undefined) await store.events.record(event);
+    return refusal(reason);
   }
 
   /** How many nodes have an enrolment under way (for tests and metrics). */
   get underWay(): number {
     return this.turns.size;
   }
+}
+
+function refusal(reason: string): EnrolAnswer {
+  return { reply: encodeMessage({ kind: "enrol_reply", accepted: false, reason }) };
 }

@@ -24,7 +24,7 @@ import { errorText } from "../log.js";
 import type { AccountRecord, LatestOrder, MeshEvent, NodeStanding, Store } from "../store/index.js";
 import { digestKey, sequenceKey } from "../store/index.js";
 import { resendLatest } from "./declarations.js";
-import { RefusalLedger } from "./refusals.js";
+import { RefusalLedger, refusalWindowMs } from "./refusals.js";
 
 /**
  * The most bytes an alive may hold: it names a node, a time and what the node holds, a few hundred bytes. A larger
@@ -82,6 +82,8 @@ export class Ingest {
   private readonly lastResend = new Map<string, number>();
   /** When each node's last drift was told (an event at most once a minute per node). */
   private readonly driftToldAt = new Map<string, number>();
+  /** When each node's last failed or refused declaration was told (see `handleReports`). */
+  private readonly outcomeToldAt = new Map<string, number>();
   private readonly enrolled = new Map<string, Remembered<NodeStanding>>();
   private readonly latestOrder = new Map<string, Remembered<LatestOrder | undefined>>();
   /**
@@ -534,18 +536,26 @@ export class Ingest {
       const before = kept.get(node);
       batch.accounts.push(account);
       kept.set(node, account);
-      // Counted every time; told when the node's account of a declaration changes, not at every report saying the
-      // same again (a node retrying a failed item reports it each time): what one node can add to the trail is
-      // bounded by what it was sent.
-      const changed =
+      // Counted every time; told when the node reports on a declaration it had not reported on before, and when its
+      // outcome for the same declaration changes, at most once a minute: not at every report saying the same again
+      // (a node retrying a failed item reports it each time), nor at every turn of a node flipping between failed
+      // and refused. What one node can add to the trail is bounded by what it was sent and by the clock.
+      const nowMs = batch.at.getTime();
+      const anotherDeclaration =
         before === undefined ||
-        before.outcome !== account.outcome ||
         before.epoch !== account.epoch ||
         before.sequence !== account.sequence ||
         before.digest !== account.digest;
+      const toldAt = this.outcomeToldAt.get(node);
+      const told =
+        report.outcome !== "applied" &&
+        (anotherDeclaration ||
+          (before.outcome !== account.outcome &&
+            (toldAt === undefined || nowMs - toldAt >= refusalWindowMs)));
       if (report.outcome !== "applied")
         batch.counters.push({ node, name: `declarations_${report.outcome}`, by: 1 });
-      if (report.outcome !== "applied" && changed) {
+      if (told) {
+        this.outcomeToldAt.set(node, nowMs);
         const reason = boundText(report.reason ?? "");
         batch.events.push({
           at: now,
@@ -561,9 +571,10 @@ export class Ingest {
         batch.counters.push({ node, name: "drift_repaired", by: drifted.length });
         // A drift is an event, at most one a minute per node: what a node can add to the trail stays bounded.
         const last = this.driftToldAt.get(node);
-        if (last === undefined || Date.parse(now) - last >= 60_000) {
-          this.driftToldAt.set(node, Date.parse(now));
-          const items = drifted.slice(0, 10).map((item) => `${item.id}: ${item.drift ?? ""}`);
+        if (last === undefined || nowMs - last >= refusalWindowMs) {
+          this.driftToldAt.set(node, nowMs);
+          // Each entry bounded as a reason is: an item's id alone may be kilobytes long.
+          const items = drifted.slice(0, 10).map((item) => boundText(`${item.id}: ${item.drift ?? ""}`));
           batch.events.push({
             at: now,
             kind: "node.drift",

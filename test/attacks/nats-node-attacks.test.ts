@@ -12,14 +12,16 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { connect, headers, jwtAuthenticator } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { openEnrolmentSide, openNatsIdentities } from "../../src/bus/index.js";
+import { busyWithNode } from "../../src/control/enrolments.js";
 import { TokenRefused } from "../../src/errors.js";
 import { HostState } from "../../src/host/state.js";
-import { decodeToken, encodeMessage } from "../../src/link/index.js";
+import { decodeToken, encodeMessage, parseEnrolReply } from "../../src/link/index.js";
 import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
 import type { OperatorBroker } from "../support/operator-broker.js";
 import { startOperatorBroker } from "../support/operator-broker.js";
 import type { Running } from "../support/processes.js";
+import { enrolWrongEverywhere } from "../support/hostile.js";
 import { eventually, startBin } from "../support/processes.js";
 import { operatorOf } from "../support/operator.js";
 import { tempDir } from "../support/tmp.js";
@@ -204,7 +206,68 @@ describe("attacks from nodes on NATS", () => {
     assert.equal(kept.refused.report_out_of_order ?? 0, 0, "the genuine report was not refused as older");
   });
 
-  test("attack — floods of failed reports and malformed enrolments grow neither the store nor the log per message", async () => {
+  test("attack — an enrolment whose faults outgrow a reply is still answered: refused, with a reason cut to fit", async () => {
+    const token = decodeToken(await issue("wrong-1"));
+    assert.ok(token.broker !== null);
+    const asker = await openEnrolmentSide(token.broker.url, "wrong-1", token.broker.credential, token.secret);
+    let answer: Uint8Array;
+    try {
+      answer = await asker.ask(enrolWrongEverywhere("wrong-1"), 60_000);
+    } finally {
+      await asker.close();
+    }
+    const reply = parseEnrolReply(answer);
+    if (reply.accepted) assert.fail("a malformed enrolment was accepted");
+    assert.match(reply.reason, /^enrolment refused: enrol\.profile\.labels/);
+    assert.ok(Buffer.byteLength(reply.reason) <= 512, `${Buffer.byteLength(reply.reason)} bytes`);
+    assert.deepEqual(await store.counters.of("wrong-1"), { enrol_refused: 1 });
+    assert.doesNotMatch(serve.stderr(), /enrol\.answer_failed/);
+  });
+
+  test("attack — questions asking to be answered on another's subject are not read, and told once a minute", async () => {
+    const token = decodeToken(await issue("astray-1"));
+    assert.ok(token.broker !== null && token.broker.credential.type === "nats");
+    const { jwt, seed } = token.broker.credential;
+    const raw = await connect({
+      servers: server.url,
+      inboxPrefix: "node.astray-1.reply",
+      reconnect: false,
+      authenticator: jwtAuthenticator(jwt, new TextEncoder().encode(seed)),
+    });
+    try {
+      for (let index = 0; index < 500; index += 1)
+        raw.publish("mesh.enrol.astray-1", new TextEncoder().encode('{"kind":"enrol"}'), {
+          reply: `mesh.report.someone-else.${index}`,
+        });
+      await raw.flush();
+    } finally {
+      await raw.close();
+    }
+    // A question of its own, answered, comes after them: by then the control plane has handled all 500.
+    const asker = await openEnrolmentSide(
+      token.broker.url,
+      "astray-1",
+      token.broker.credential,
+      token.secret,
+    );
+    try {
+      parseEnrolReply(await asker.ask(new TextEncoder().encode('{"kind":"enrol"}'), 60_000));
+    } finally {
+      await asker.close();
+    }
+    const told = serve
+      .stderr()
+      .split("\n")
+      .filter((line) => line.includes("enrol.foreign_reply_subject") && line.includes("astray-1"));
+    assert.equal(told.length, 1, told.join("\n"));
+    assert.deepEqual(
+      await store.counters.of("astray-1"),
+      { enrol_refused: 1 },
+      "only its own question was read",
+    );
+  });
+
+  test("attack — floods of failed reports, flipping outcomes and malformed enrolments grow neither the store nor the log per message", async () => {
     await joinAndRun("flood-1");
     await declare("flood-1", "flooded");
     await applied("flood-1", 1);
@@ -220,7 +283,7 @@ describe("attacks from nodes on NATS", () => {
     const dbBefore = dbBytes();
 
     // 3,000 failed reports with a 16 KiB reason (refused by the contract), then 3,000 failed reports with a
-    // reason that fits, each about the declaration really sent and each newer than the one before.
+    // reason that fits, each about the declaration really sent and each newer than the one before; then flips.
     const attacker = await connectAs("flood-1");
     const huge = "x".repeat(16 * 1024);
     try {
@@ -250,19 +313,45 @@ describe("attacks from nodes on NATS", () => {
           }),
         );
       }
+      // 3,000 more about the same declaration, each newer, flipping between failed and refused: a change of
+      // outcome each time.
+      for (let index = 0; index < 3000; index += 1) {
+        attacker.publish(
+          "mesh.report.flood-1",
+          report("flood-1", {
+            epoch: declared.epoch,
+            sequence: declared.sequence,
+            report_sequence: 8000 + index,
+            digest: declared.digest,
+            outcome: index % 2 === 0 ? "refused" : "failed",
+            reason: `z\n${index}`,
+          }),
+        );
+      }
       await attacker.flush();
     } finally {
       await attacker.close();
     }
-    // 5,000 malformed enrolments on a token's identity.
+    // 5,000 malformed enrolments on a token's identity, 250 at once: each answered, the few that wait for their
+    // turn read and refused, the rest told at once that the control plane is busy with this node.
     const token = decodeToken(await issue("flood-2"));
     assert.ok(token.broker !== null);
     const asker = await openEnrolmentSide(token.broker.url, "flood-2", token.broker.credential, token.secret);
+    const reasons = new Map<string, number>();
     try {
       for (let first = 0; first < 5000; first += 250) {
-        await Promise.all(
+        const answers = await Promise.all(
           Array.from({ length: 250 }, () => asker.ask(new TextEncoder().encode('{"kind":"enrol"}'), 60_000)),
         );
+        for (const answer of answers) {
+          const reply = parseEnrolReply(answer);
+          const reason = reply.accepted
+            ? "accepted"
+            : reply.reason.startsWith("enrolment refused:")
+              ? "read"
+              : reply.reason;
+          reasons.set(reason, (reasons.get(reason) ?? 0) + 1);
+        }
       }
     } finally {
       await asker.close();
@@ -273,7 +362,7 @@ describe("attacks from nodes on NATS", () => {
       "the flood to be handled",
       async () => {
         const shown = await show("flood-1");
-        return shown.account?.report_sequence === 7999 ? shown : undefined;
+        return shown.account?.report_sequence === 10_999 ? shown : undefined;
       },
       120_000,
     );
@@ -282,16 +371,29 @@ describe("attacks from nodes on NATS", () => {
     const logAdded = serve.stderr().split("\n").length - logBefore;
     const dbGrowth = dbBytes() - dbBefore;
     console.log(
-      `floods: 6,000 reports + 5,000 enrolments → ${eventsAdded} event rows, ${logAdded} log lines, ` +
+      `floods: 9,000 reports + 5,000 enrolments → ${eventsAdded} event rows, ${logAdded} log lines, ` +
         `store +${Math.round(dbGrowth / 1024)} KiB`,
     );
     assert.ok((counted.refused.report_refused ?? 0) >= 1, "the oversized reasons are refused and counted");
-    assert.equal(enrolRefusals.enrol_refused, 5000, "every malformed enrolment is counted");
-    // Told once per node and kind in the window, and one failure event for the declaration: a handful in all.
-    assert.ok(eventsAdded <= 10, `${eventsAdded} events for 11,000 hostile messages`);
+    const busy = reasons.get(busyWithNode) ?? 0;
+    assert.equal(reasons.get("accepted"), undefined);
+    assert.equal(
+      (reasons.get("read") ?? 0) + busy,
+      5000,
+      `every enrolment answered: ${JSON.stringify([...reasons])}`,
+    );
+    assert.ok(busy > 0, "250 at once is more than one node may have waiting");
+    assert.equal(
+      enrolRefusals.enrol_refused,
+      reasons.get("read"),
+      "every malformed enrolment read is counted",
+    );
+    // Told once per node and kind in the window (the busy answers with the malformed ones), and one failure event
+    // for the declaration: a handful in all.
+    assert.ok(eventsAdded <= 10, `${eventsAdded} events for 14,000 hostile messages`);
     assert.ok(
       logAdded <= 10,
-      `${logAdded} log lines for 11,000 hostile messages:\n${serve.stderr().slice(-3000)}`,
+      `${logAdded} log lines for 14,000 hostile messages:\n${serve.stderr().slice(-3000)}`,
     );
     // The failed reports that fit are kept as accounts, and the node's accounts are bounded by its history.
     assert.ok(

@@ -231,6 +231,62 @@ for (const backend of storeBackends) {
       assert.ok(lines.some((line) => line.includes('"event":"report.refused"') && line.includes("bad-1")));
     });
 
+    test("ingest — a node's failures of one declaration are told when the outcome changes, at most once a minute; a drift's entries are bounded", async () => {
+      await enrol("flip-1", clock);
+      /** Reports about the same (no) declaration, each newer, flipping between failed and refused. */
+      const flip = (reportSequence: number) => {
+        const outcome = reportSequence % 2 === 1 ? "failed" : "refused";
+        return { ...report("flip-1", reportSequence), outcome, reason: `${outcome} ${reportSequence}` };
+      };
+      const told = async () =>
+        (await store.events.list({ limit: 1000, node: "flip-1" }))
+          .filter((event) => event.kind.startsWith("declaration."))
+          .map((event) => event.kind);
+      const toldLines = () =>
+        lines.filter((line) => /"event":"node\.declaration_/.test(line) && line.includes("flip-1"));
+      for (let sequence = 1; sequence <= 40; sequence += 1)
+        assert.equal(await ingest.handle(delivery("report", "flip-1", flip(sequence))), "done");
+      await ingest.flush();
+      assert.deepEqual(
+        await told(),
+        ["declaration.failed"],
+        "the first is told; the flips after it are counted",
+      );
+      assert.equal(toldLines().length, 1);
+      assert.deepEqual(await store.counters.of("flip-1"), {
+        declarations_failed: 20,
+        declarations_refused: 20,
+      });
+      assert.equal((await store.accounts.recoveryCopy("flip-1"))?.reportSequence, 40, "every report is kept");
+      // A minute on, the next change is told again, and the one right after it is not.
+      clock = new Date(clock.getTime() + 60_000);
+      assert.equal(await ingest.handle(delivery("report", "flip-1", flip(41))), "done");
+      assert.equal(await ingest.handle(delivery("report", "flip-1", flip(42))), "done");
+      await ingest.flush();
+      assert.deepEqual(await told(), ["declaration.failed", "declaration.failed"]);
+      assert.equal(toldLines().length, 2);
+
+      // An item's id may be 4,096 characters: each entry of the drift's event is cut as a reason is.
+      await enrol("drift-1", clock);
+      const longId = `file:/${"d".repeat(4000)}`;
+      const drifted = {
+        ...report("drift-1", 1),
+        items: [{ id: longId, state: "applied", drift: "x".repeat(500) }],
+      };
+      assert.equal(await ingest.handle(delivery("report", "drift-1", drifted)), "done");
+      await ingest.flush();
+      const drift = (await store.events.list({ limit: 10, node: "drift-1" })).find(
+        (event) => event.kind === "node.drift",
+      );
+      const entries = (drift?.detail as { items?: string[] } | undefined)?.items;
+      assert.ok(entries !== undefined && entries.length === 1, `a drift event: ${JSON.stringify(drift)}`);
+      assert.ok(
+        Buffer.byteLength(entries[0] ?? "") <= 512,
+        `${Buffer.byteLength(entries[0] ?? "")} bytes kept`,
+      );
+      assert.ok(entries[0]?.startsWith("file:/ddd"), "what is kept begins as the item's id does");
+    });
+
     test("ingest — a batch is judged in arrival order, each report against those before it in the batch", async () => {
       await enrol("ba1", clock);
       await enrol("ba2", clock);

@@ -1,12 +1,18 @@
 /**
  * Enrolments are answered side by side, but one node's one after another, and not at all while the lease's gate is
- * closed: the joiner is told to try again.
+ * closed: the joiner is told to try again. What waits is bounded: beyond a few questions of one node, or so many
+ * bytes of all, a question is answered at once that the control plane is busy.
  */
 import assert from "node:assert/strict";
+import { join } from "node:path";
 import { describe, test } from "node:test";
 import type { EnrolAnswer, EnrolRequest } from "../../src/bus/index.js";
 import type { EnrolmentContext } from "../../src/control/enrolment.js";
-import { Enrolments, handingOver } from "../../src/control/enrolments.js";
+import { busyWithAll, busyWithNode, Enrolments, handingOver } from "../../src/control/enrolments.js";
+import { RefusalLedger } from "../../src/control/refusals.js";
+import { createLogger } from "../../src/log.js";
+import { openStore } from "../../src/store/index.js";
+import { tempDir } from "../support/tmp.js";
 
 const request = (node: string): EnrolRequest => ({ node, body: new Uint8Array() });
 const reply = (text: string): EnrolAnswer => ({ reply: new TextEncoder().encode(text) });
@@ -72,5 +78,68 @@ describe("enrolments", () => {
     assert.equal(parsed.accepted, false);
     assert.equal(parsed.reason, handingOver);
     assert.equal(called, false);
+  });
+
+  test("enrolments — beyond a few questions of one node, or so many bytes of all, the joiner is told the control plane is busy", async () => {
+    const dir = tempDir("mesh-enrolments-");
+    const store = await openStore(`sqlite:${join(dir.path, "mesh.db")}`, { historyLimit: 50 });
+    const lines: string[] = [];
+    const log = createLogger({ write: (line) => lines.push(line), pretty: false });
+    const limited = { ...context, store, log, refusals: new RefusalLedger(log), now: () => new Date() };
+    try {
+      const release: Array<() => void> = [];
+      let answered = 0;
+      const answerOne = async () => {
+        answered += 1;
+        await new Promise<void>((resolve) => release.push(resolve));
+        return reply("ok");
+      };
+      const enrolments = new Enrolments(limited, () => true, answerOne, { perNode: 2, bytes: 1000 });
+      const sized = (node: string, bytes: number): EnrolRequest => ({ node, body: new Uint8Array(bytes) });
+      const reasonOf = async (answer: Promise<EnrolAnswer>) =>
+        (JSON.parse(new TextDecoder().decode((await answer).reply)) as { reason?: string }).reason;
+
+      const first = enrolments.answer(sized("web-1", 100));
+      const second = enrolments.answer(sized("web-1", 100));
+      assert.equal(
+        await reasonOf(enrolments.answer(sized("web-1", 100))),
+        busyWithNode,
+        "a third of web-1 waits not",
+      );
+      assert.equal(await reasonOf(enrolments.answer(sized("web-1", 100))), busyWithNode);
+      assert.equal(
+        await reasonOf(enrolments.answer(sized("db-1", 801))),
+        busyWithAll,
+        "800 bytes held, 1,000 at most",
+      );
+      const third = enrolments.answer(sized("db-1", 800));
+      await new Promise((resolve) => setImmediate(resolve));
+      assert.equal(answered, 2, "the busy ones were never read; web-1's second waits for its first");
+      for (const done of release.splice(0)) done();
+      assert.equal(new TextDecoder().decode((await first).reply), "ok");
+      await new Promise((resolve) => setImmediate(resolve));
+      for (const done of release.splice(0)) done();
+      assert.equal(new TextDecoder().decode((await second).reply), "ok");
+      assert.equal(new TextDecoder().decode((await third).reply), "ok");
+      // Once answered, what they held is free again.
+      const again = enrolments.answer(sized("web-1", 900));
+      await new Promise((resolve) => setImmediate(resolve));
+      for (const done of release.splice(0)) done();
+      assert.equal(new TextDecoder().decode((await again).reply), "ok");
+      assert.equal(enrolments.underWay, 0);
+      // Told as refusals are: once a minute per node, and kept as events; not counted in the store one by one.
+      const told = lines.filter((line) => line.includes('"event":"enrol.refused"'));
+      assert.equal(told.length, 2, told.join("\n"));
+      assert.ok(told.some((line) => line.includes('"node":"web-1"') && line.includes(busyWithNode)));
+      assert.ok(told.some((line) => line.includes('"node":"db-1"') && line.includes(busyWithAll)));
+      assert.equal(
+        (await store.events.list({ limit: 10 })).filter((e) => e.kind === "enrol.refused").length,
+        2,
+      );
+      assert.deepEqual(await store.counters.of("web-1"), {});
+    } finally {
+      await store.close();
+      dir.remove();
+    }
   });
 });

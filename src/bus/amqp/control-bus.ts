@@ -16,7 +16,7 @@ import {
   nodeQueue,
 } from "../../link/index.js";
 import type { Logger } from "../../log.js";
-import { errorText } from "../../log.js";
+import { errorText, WarningWindow } from "../../log.js";
 import { BusError } from "../errors.js";
 import { Arrivals } from "../batches.js";
 import { controlBatchMax } from "../bus.js";
@@ -38,6 +38,8 @@ const directReplyTo = "amq.rabbitmq.reply-to";
 const controlPrefetch = 1024;
 /** How long a message the handler gave back waits before the broker offers it again. */
 const retryAfterMs = 1000;
+/** How much of a property a sender chose is logged. */
+const astrayShown = 256;
 /** Enrolments answered side by side: each makes an account and a queue through the management API. */
 const enrolmentsAtOnce = 32;
 
@@ -80,6 +82,8 @@ export class AmqpControlBus implements ControlBus {
    */
   private readonly open = new Map<Channel, Set<number>>();
   private queue: Promise<void> = Promise.resolve();
+  /** What a sender sends astray is told once a minute per sender. */
+  private readonly astray: WarningWindow;
 
   constructor(
     private readonly link: AmqpLink,
@@ -87,6 +91,7 @@ export class AmqpControlBus implements ControlBus {
     private readonly log: Logger,
   ) {
     this.publisher = new PublishChannel(link);
+    this.astray = new WarningWindow(log);
   }
 
   async assert(): Promise<void> {
@@ -214,12 +219,18 @@ export class AmqpControlBus implements ControlBus {
     const user = this.users.read(message.properties.userId as string | undefined);
     const replyTo = message.properties.replyTo as string | undefined;
     if (user?.role !== "token") {
-      this.log.warn("enrol.not_from_a_token", { user: message.properties.userId ?? null });
+      const sender = typeof message.properties.userId === "string" ? message.properties.userId : null;
+      this.astray.warn(sender ?? "*", "enrol.not_from_a_token", {
+        user: sender?.slice(0, astrayShown) ?? null,
+      });
       return "done";
     }
     // Answering where the requester chose freely would lend it the control plane's rights (a node's queue, say).
     if (replyTo === undefined || !replyTo.startsWith(`${directReplyTo}.`)) {
-      this.log.warn("enrol.foreign_reply_to", { node: user.node, reply_to: replyTo ?? null });
+      this.astray.warn(user.node, "enrol.foreign_reply_to", {
+        node: user.node,
+        reply_to: replyTo?.slice(0, astrayShown) ?? null,
+      });
       return "done";
     }
     if (this.answer === undefined) return "retry";

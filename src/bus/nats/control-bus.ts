@@ -41,7 +41,7 @@ import {
   reportsKeptPerNode,
 } from "../../link/limits.js";
 import type { Logger } from "../../log.js";
-import { errorText } from "../../log.js";
+import { errorText, WarningWindow } from "../../log.js";
 import { Arrivals } from "../batches.js";
 import type { ControlBus, ControlDelivery, ControlHandler, EnrolAnswer, EnrolRequest } from "../bus.js";
 import { controlBatchMax } from "../bus.js";
@@ -87,6 +87,9 @@ export const defaultControlBusOptions: NatsControlBusOptions = {
   keepForMs: 7 * 86_400_000,
 };
 
+/** How much of a subject a token's holder chose is logged. */
+const astrayShown = 256;
+
 export class NatsControlBus implements ControlBus {
   private readonly js: JetStreamClient;
   private enrolments: Subscription | undefined;
@@ -99,6 +102,8 @@ export class NatsControlBus implements ControlBus {
   private manager: JetStreamManager | undefined;
   private setup: JetStreamManager | undefined;
   private closing = false;
+  /** What a token's holder sends astray is told once a minute per node. */
+  private readonly astray: WarningWindow;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -106,6 +111,7 @@ export class NatsControlBus implements ControlBus {
     private readonly options: NatsControlBusOptions = defaultControlBusOptions,
   ) {
     this.js = jetstream(nc);
+    this.astray = new WarningWindow(log);
   }
 
   async assert(): Promise<void> {
@@ -197,14 +203,17 @@ export class NatsControlBus implements ControlBus {
         }
         const read = readControlSubject(msg.subject);
         if (read === undefined) {
-          this.log.warn("enrol.stray_subject", { subject: msg.subject });
+          this.astray.warn("*", "enrol.stray_subject", { subject: msg.subject.slice(0, astrayShown) });
           return;
         }
         const node = read.node;
         // The control plane may publish where a token may not; answering on a reply subject the requester chose
         // freely would lend it those rights. Only the node's own reply space is answered.
         if (msg.reply === undefined || !msg.reply.startsWith(`${inboxPrefix(node)}.`)) {
-          this.log.warn("enrol.foreign_reply_subject", { node, reply: msg.reply ?? null });
+          this.astray.warn(node, "enrol.foreign_reply_subject", {
+            node,
+            reply: msg.reply?.slice(0, astrayShown) ?? null,
+          });
           return;
         }
         const work = answer({ node, body: msg.data })
