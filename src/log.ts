@@ -45,22 +45,26 @@ export function createLogger(options: {
   return { debug: emit("debug"), info: emit("info"), warn: emit("warn"), error: emit("error") };
 }
 
-/** Characters a terminal acts on rather than shows: C0 and C1 controls and DEL. */
-// eslint-disable-next-line no-control-regex -- control characters are exactly what is looked for here
-const control = /[\u0000-\u001f\u007f-\u009f]/;
-/** Those of them JSON leaves as they are. */
-const jsonLeaves = /[\u007f-\u009f]/g;
+/**
+ * What a terminal acts on rather than shows, or what breaks or reorders what it shows: C0 and C1 controls, DEL, the
+ * line and paragraph separators, and the bidirectional marks, embeddings, overrides and isolates.
+ */
+const unshown = "\\u0000-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u200e\\u200f\\u202a-\\u202e\\u2066-\\u2069";
+/** A field's text shown bare: something, and nothing in it that reads as another field or hides what it is. */
+const bare = new RegExp(`^[^\\s"=\\\\${unshown}]+$`, "u");
+/** Those JSON leaves as they are: all but the C0 controls. */
+const jsonLeaves = /[\u007f-\u009f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]/gu;
 
 /**
- * A string field as a readable line shows it: as it is, unless it holds a control character (text a node chose may:
- * a line break would forge a log line of its own, an escape sequence would act on the operator's terminal), then
- * as a JSON string, every control written as its escape.
+ * A string field as a readable line shows it: bare when it is one word of ordinary characters, else as a JSON string
+ * with every character above escaped. Text a node chose may hold anything: a line break would forge a line of its
+ * own, ` node=db-9` a field, an escape sequence would act on the operator's terminal.
  */
 function readable(value: string): string {
-  return control.test(value) ? escapeLeft(JSON.stringify(value)) : value;
+  return bare.test(value) ? value : escapeLeft(JSON.stringify(value));
 }
 
-/** JSON text with the controls JSON leaves as they are escaped too, so no line of the log acts on a terminal. */
+/** JSON text with the characters above that JSON leaves as they are escaped too. */
 function escapeLeft(json: string): string {
   return json.replace(jsonLeaves, (char) => `\\u${char.charCodeAt(0).toString(16).padStart(4, "0")}`);
 }
@@ -73,10 +77,12 @@ export function errorText(error: unknown): string {
 /**
  * Warns at most once a window per key (a node, most often), saying how many were held back since it last did: what a
  * sender can make the log say stays a line a window however fast it sends. Keys quiet for a whole window are
- * forgotten once many are remembered, so what is kept is bounded by the keys warned about within a window.
+ * forgotten once many are remembered (with what they held back: told only to a sender that comes back before), so
+ * what is kept is bounded by the keys warned about within about two windows.
  */
 export class WarningWindow {
   private readonly told = new Map<string, { at: number; heldBack: number }>();
+  private sweptAt = Number.NEGATIVE_INFINITY;
 
   constructor(
     private readonly log: Logger,
@@ -91,7 +97,9 @@ export class WarningWindow {
       last.heldBack += 1;
       return;
     }
-    if (this.told.size >= forgetFrom) {
+    // Looked over at most once a window, so a crowd of senders costs a pass a window, not one per new sender.
+    if (this.told.size >= forgetFrom && now - this.sweptAt >= this.windowMs) {
+      this.sweptAt = now;
       for (const [known, { at }] of this.told) if (now - at >= this.windowMs) this.told.delete(known);
     }
     this.told.set(key, { at: now, heldBack: 0 });

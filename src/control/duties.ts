@@ -178,6 +178,7 @@ export class Duties {
   /** After the bus closed: what was batched is written (only when the duties ran: a standby has nothing). */
   async finish(): Promise<void> {
     this.ingest.close();
+    await this.enrolments.kept();
     if (this.consuming !== undefined) await this.ingest.flush();
     // Work started while the stop was under way must not keep the process alive.
     this.periodic.stop();

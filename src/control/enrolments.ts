@@ -7,6 +7,7 @@
  */
 import type { EnrolAnswer, EnrolRequest } from "../bus/index.js";
 import { encodeMessage } from "../link/index.js";
+import { errorText } from "../log.js";
 import type { EnrolmentContext } from "./enrolment.js";
 import { answerEnrolment } from "./enrolment.js";
 
@@ -37,6 +38,8 @@ export class Enrolments {
   private readonly waiting = new Map<string, number>();
   /** The bytes of all those questions. */
   private bytesWaiting = 0;
+  /** The busy refusals' events being kept, one after another. */
+  private keeping: Promise<void> = Promise.resolve();
 
   constructor(
     private readonly context: EnrolmentContext,
@@ -73,13 +76,24 @@ export class Enrolments {
 
   /**
    * Refuses a question for now without reading it: told as any refusal is (at most once a minute per node, with how
-   * many came), not counted in the store one by one, which would be the very work the refusal spares.
+   * many came), not counted in the store one by one, which would be the very work the refusal spares. The answer
+   * does not wait for the event to be kept either (the store may be what is slow): should keeping it fail, that is
+   * logged, and the answer goes all the same.
    */
-  private async busy(node: string, reason: string): Promise<EnrolAnswer> {
-    const { refusals, store, now } = this.context;
+  private busy(node: string, reason: string): EnrolAnswer {
+    const { refusals, store, now, log } = this.context;
     const event = refusals.note({ node, kind: "enrol", reason }, now());
-    if (event !== undefined) await store.events.record(event);
+    if (event !== undefined) {
+      this.keeping = this.keeping
+        .then(() => store.events.record(event))
+        .catch((error: unknown) => log.error("enrol.refusal_not_kept", { node, error: errorText(error) }));
+    }
     return refusal(reason);
+  }
+
+  /** Settles once the busy refusals' events told so far are kept (or their failure logged). */
+  async kept(): Promise<void> {
+    await this.keeping;
   }
 
   /** How many nodes have an enrolment under way (for tests and metrics). */

@@ -82,8 +82,14 @@ export class Ingest {
   private readonly lastResend = new Map<string, number>();
   /** When each node's last drift was told (an event at most once a minute per node). */
   private readonly driftToldAt = new Map<string, number>();
-  /** When each node's last failed or refused declaration was told (see `handleReports`). */
-  private readonly outcomeToldAt = new Map<string, number>();
+  /**
+   * Per node: when a failed or refused account of its was last told, and the change of outcome held back since, if
+   * any (told once its minute is over, with how many changes came; see `reports`).
+   */
+  private readonly outcomes = new Map<
+    string,
+    { toldAt: number; held?: { event: MeshEvent; changes: number } }
+  >();
   private readonly enrolled = new Map<string, Remembered<NodeStanding>>();
   private readonly latestOrder = new Map<string, Remembered<LatestOrder | undefined>>();
   /**
@@ -407,13 +413,49 @@ export class Ingest {
     this.latestOrder.delete(node);
   }
 
-  /** Writes the batched `last_seen` times, and tells the refusals held back in windows that have ended. */
+  /**
+   * Writes the batched `last_seen` times, and tells the refusals and the changes of outcome held back in windows that
+   * have ended.
+   */
   async flush(): Promise<void> {
-    await this.context.store.events.recordMany(this.refusals.due(this.context.now()));
+    const now = this.context.now();
+    await this.context.store.events.recordMany([
+      ...this.refusals.due(now),
+      ...this.outcomesDue(now.getTime()),
+    ]);
     if (this.seen.size === 0) return;
     const batch = new Map([...this.seen].map(([node, at]) => [node, new Date(at).toISOString()]));
     this.seen.clear();
     await this.context.store.nodes.touch(batch);
+  }
+
+  /** Logs a failed or refused account and adds its event to `events`. */
+  private tellOutcome(events: MeshEvent[], event: MeshEvent, changes?: number): void {
+    const detail = event.detail as { reason: string };
+    events.push(changes === undefined ? event : { ...event, detail: { ...event.detail, changes } });
+    this.context.log.warn(`node.${event.kind.replace(".", "_")}`, {
+      node: event.node,
+      reason: detail.reason,
+      ...(changes === undefined ? {} : { changes }),
+    });
+  }
+
+  /**
+   * The changes of outcome held back in windows that have ended, told now; the nodes told nothing for a whole window
+   * are forgotten, so what is remembered is bounded by the nodes failing now.
+   */
+  private outcomesDue(nowMs: number): MeshEvent[] {
+    const events: MeshEvent[] = [];
+    for (const [node, told] of this.outcomes) {
+      if (nowMs - told.toldAt < refusalWindowMs) continue;
+      if (told.held === undefined) {
+        this.outcomes.delete(node);
+        continue;
+      }
+      this.tellOutcome(events, told.held.event, told.held.changes);
+      this.outcomes.set(node, { toldAt: nowMs });
+    }
+    return events;
   }
 
   private alive(batch: Batch, node: string, body: Uint8Array, spokeAt: number): void {
@@ -539,32 +581,27 @@ export class Ingest {
       // Counted every time; told when the node reports on a declaration it had not reported on before, and when its
       // outcome for the same declaration changes, at most once a minute: not at every report saying the same again
       // (a node retrying a failed item reports it each time), nor at every turn of a node flipping between failed
-      // and refused. What one node can add to the trail is bounded by what it was sent and by the clock.
+      // and refused. A change held back is told when its minute is over, unless the node applied the declaration
+      // meanwhile. What one node can add to the trail is bounded by what it was sent and by the clock.
       const nowMs = batch.at.getTime();
-      const anotherDeclaration =
-        before === undefined ||
-        before.epoch !== account.epoch ||
-        before.sequence !== account.sequence ||
-        before.digest !== account.digest;
-      const toldAt = this.outcomeToldAt.get(node);
-      const told =
-        report.outcome !== "applied" &&
-        (anotherDeclaration ||
-          (before.outcome !== account.outcome &&
-            (toldAt === undefined || nowMs - toldAt >= refusalWindowMs)));
-      if (report.outcome !== "applied")
+      if (report.outcome === "applied") {
+        const told = this.outcomes.get(node);
+        if (told !== undefined) told.held = undefined;
+      } else {
         batch.counters.push({ node, name: `declarations_${report.outcome}`, by: 1 });
-      if (told) {
-        this.outcomeToldAt.set(node, nowMs);
-        const reason = boundText(report.reason ?? "");
-        batch.events.push({
-          at: now,
-          kind: `declaration.${report.outcome}`,
-          node,
-          epoch: report.epoch ?? null,
-          detail: { reason, sequence: report.sequence ?? null },
-        });
-        this.context.log.warn(`node.declaration_${report.outcome}`, { node, reason });
+        const told = this.outcomes.get(node);
+        const event = outcomeEvent(node, report, now);
+        if (before === undefined || !sameDeclaration(before, account)) {
+          this.outcomes.set(node, { toldAt: nowMs });
+          this.tellOutcome(batch.events, event);
+        } else if (before.outcome !== account.outcome) {
+          if (told === undefined || nowMs - told.toldAt >= refusalWindowMs) {
+            this.outcomes.set(node, { toldAt: nowMs });
+            this.tellOutcome(batch.events, event);
+          } else {
+            told.held = { event, changes: (told.held?.changes ?? 0) + 1 };
+          }
+        }
       }
       const drifted = report.items.filter((item) => item.drift !== undefined);
       if (drifted.length > 0) {
@@ -573,8 +610,10 @@ export class Ingest {
         const last = this.driftToldAt.get(node);
         if (last === undefined || nowMs - last >= refusalWindowMs) {
           this.driftToldAt.set(node, nowMs);
-          // Each entry bounded as a reason is: an item's id alone may be kilobytes long.
-          const items = drifted.slice(0, 10).map((item) => boundText(`${item.id}: ${item.drift ?? ""}`));
+          // Each entry bounded as a reason is, its id cut first: an item's id alone may be kilobytes long.
+          const items = drifted
+            .slice(0, 10)
+            .map((item) => boundText(`${boundText(item.id, driftIdShown)}: ${item.drift ?? ""}`));
           batch.events.push({
             at: now,
             kind: "node.drift",
@@ -687,6 +726,33 @@ function fromMachineBefore(delivery: ControlDelivery, standing: NodeStanding): s
  * node that has applied nothing yet reports sequence 0 with the empty digest. Declarations older than the node's
  * kept history are no longer known, and a report about one is refused the same way (it is older than what was kept).
  */
+/** How much of an item's id a drift's event keeps: the rest of its entry is the drift. */
+const driftIdShown = 200;
+
+/** The event of a failed or refused account. */
+function outcomeEvent(node: string, report: Report, at: string): MeshEvent {
+  return {
+    at,
+    kind: `declaration.${report.outcome}`,
+    node,
+    epoch: report.epoch ?? null,
+    detail: { reason: boundText(report.reason ?? ""), sequence: report.sequence ?? null },
+  };
+}
+
+/**
+ * Whether two accounts are of the same declaration: the same digest, and the same place where both say theirs (an
+ * older agent's report names none, and is judged by its digest alone).
+ */
+export function sameDeclaration(
+  one: Pick<AccountRecord, "digest" | "epoch" | "sequence">,
+  other: Pick<AccountRecord, "digest" | "epoch" | "sequence">,
+): boolean {
+  if (one.digest !== other.digest) return false;
+  if (one.sequence === null || other.sequence === null) return true;
+  return one.epoch === other.epoch && one.sequence === other.sequence;
+}
+
 function neverSent(
   node: string,
   report: Report,

@@ -238,10 +238,11 @@ for (const backend of storeBackends) {
         const outcome = reportSequence % 2 === 1 ? "failed" : "refused";
         return { ...report("flip-1", reportSequence), outcome, reason: `${outcome} ${reportSequence}` };
       };
-      const told = async () =>
-        (await store.events.list({ limit: 1000, node: "flip-1" }))
-          .filter((event) => event.kind.startsWith("declaration."))
-          .map((event) => event.kind);
+      const toldEvents = async () =>
+        (await store.events.list({ limit: 1000, node: "flip-1" })).filter((event) =>
+          event.kind.startsWith("declaration."),
+        );
+      const told = async () => (await toldEvents()).map((event) => event.kind);
       const toldLines = () =>
         lines.filter((line) => /"event":"node\.declaration_/.test(line) && line.includes("flip-1"));
       for (let sequence = 1; sequence <= 40; sequence += 1)
@@ -258,13 +259,32 @@ for (const backend of storeBackends) {
         declarations_refused: 20,
       });
       assert.equal((await store.accounts.recoveryCopy("flip-1"))?.reportSequence, 40, "every report is kept");
-      // A minute on, the next change is told again, and the one right after it is not.
+      // A minute on, the next change is told at once, and the one right after it waits for its minute.
       clock = new Date(clock.getTime() + 60_000);
       assert.equal(await ingest.handle(delivery("report", "flip-1", flip(41))), "done");
       assert.equal(await ingest.handle(delivery("report", "flip-1", flip(42))), "done");
       await ingest.flush();
       assert.deepEqual(await told(), ["declaration.failed", "declaration.failed"]);
       assert.equal(toldLines().length, 2);
+      assert.equal(await ingest.handle(delivery("report", "flip-1", flip(43))), "done");
+      assert.equal(await ingest.handle(delivery("report", "flip-1", flip(44))), "done");
+      await ingest.flush();
+      assert.equal(toldLines().length, 2, "nothing more within the minute");
+      // Its minute over, the change held back is told with how many came, once.
+      clock = new Date(clock.getTime() + 60_000);
+      await ingest.flush();
+      await ingest.flush();
+      const last = (await toldEvents()).at(-1);
+      assert.equal(last?.kind, "declaration.refused", "the latest change held back: flip 44's");
+      assert.deepEqual(last?.detail, { reason: "refused 44", sequence: 0, changes: 3 });
+      assert.equal(toldLines().length, 3);
+      // A change held back is not told once the node applied the declaration after it.
+      clock = new Date(clock.getTime() + 1000);
+      assert.equal(await ingest.handle(delivery("report", "flip-1", flip(45))), "done");
+      assert.equal(await ingest.handle(delivery("report", "flip-1", report("flip-1", 46))), "done");
+      clock = new Date(clock.getTime() + 60_000);
+      await ingest.flush();
+      assert.equal(toldLines().length, 3, "applied since: nothing to tell");
 
       // An item's id may be 4,096 characters: each entry of the drift's event is cut as a reason is.
       await enrol("drift-1", clock);

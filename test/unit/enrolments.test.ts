@@ -127,6 +127,7 @@ describe("enrolments", () => {
       for (const done of release.splice(0)) done();
       assert.equal(new TextDecoder().decode((await again).reply), "ok");
       assert.equal(enrolments.underWay, 0);
+      await enrolments.kept();
       // Told as refusals are: once a minute per node, and kept as events; not counted in the store one by one.
       const told = lines.filter((line) => line.includes('"event":"enrol.refused"'));
       assert.equal(told.length, 2, told.join("\n"));

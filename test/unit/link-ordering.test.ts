@@ -4,6 +4,7 @@ import fc from "fast-check";
 
 import { accountOfReport, compareOrder, judgeReport, olderThan, parseReport } from "../../src/link/index.js";
 import type { DeclarationOrder, ReportAccount, ReportJudgement, ReportOrder } from "../../src/link/index.js";
+import { sameDeclaration } from "../../src/control/ingest.js";
 
 const order = (epoch: number, sequence: number, report_sequence: number): ReportOrder => ({
   epoch,
@@ -135,5 +136,30 @@ void describe("link ordering", () => {
       order: order(1, 1, 4),
       digest: digestOf("a1"),
     });
+  });
+});
+
+describe("same declaration", () => {
+  test("same declaration — one digest is one declaration where either account names no place; with both placed, the place decides", () => {
+    const at = (digest: string, epoch: number | null, sequence: number | null) => ({
+      digest,
+      epoch,
+      sequence,
+    });
+    assert.equal(sameDeclaration(at(digestOf("a1"), 1, 1), at(digestOf("a1"), 1, 1)), true);
+    assert.equal(
+      sameDeclaration(at(digestOf("a1"), 1, 1), at(digestOf("a1"), null, null)),
+      true,
+      "an older agent's",
+    );
+    assert.equal(sameDeclaration(at(digestOf("a1"), null, null), at(digestOf("a1"), 1, 1)), true);
+    assert.equal(
+      sameDeclaration(at(digestOf("a1"), 1, 1), at(digestOf("a1"), 1, 2)),
+      false,
+      "sent again, later",
+    );
+    assert.equal(sameDeclaration(at(digestOf("a1"), 1, 1), at(digestOf("a1"), 2, 1)), false);
+    assert.equal(sameDeclaration(at(digestOf("a1"), null, null), at(digestOf("a2"), null, null)), false);
+    assert.equal(sameDeclaration(at(digestOf("a1"), 1, 1), at(digestOf("a2"), 1, 1)), false);
   });
 });

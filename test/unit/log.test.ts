@@ -6,16 +6,26 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { createLogger, WarningWindow } from "../../src/log.js";
 
-/** A node's reason that would forge a line of its own and act on a terminal: clear the screen, C1's CSI, DEL. */
-const hostile = 'failed\n12:00:00 ERROR lease.lost epoch=9\r\u001b[2J\u009b31m\u007f "quoted" \\ end';
-// eslint-disable-next-line no-control-regex -- control characters are exactly what must not be in a line
-const controls = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f]/;
+/**
+ * A node's reason that would forge a line and a field of its own, act on a terminal (clear the screen, C1's CSI, DEL)
+ * and turn what follows around (a line separator, a right-to-left override).
+ */
+const hostile =
+  'failed\n12:00:00 ERROR lease.lost epoch=9\r\u001b[2J\u009b31m\u007f "quoted" \\ \u2028\u202eend node=db-9';
+const controls =
+  // eslint-disable-next-line no-control-regex -- control characters are exactly what must not be in a line
+  /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]/;
 
 describe("log", () => {
-  test("log — a readable line shows a field with controls as a JSON string, each control escaped; plain text as it is", () => {
+  test("log — a readable line shows a field as a JSON string, each control escaped, unless it is one plain word", () => {
     const lines: string[] = [];
     const log = createLogger({ write: (line) => lines.push(line), pretty: true });
-    log.warn("node.declaration_failed", { node: "web-1", reason: hostile, items: [hostile] });
+    log.warn("node.declaration_failed", {
+      node: "web-1",
+      reason: hostile,
+      items: [hostile],
+      note: "x node=db-9",
+    });
     assert.equal(lines.length, 1);
     const line = lines[0] ?? "";
     assert.equal(line.indexOf("\n"), line.length - 1, "one line, ended once");
@@ -23,8 +33,15 @@ describe("log", () => {
     assert.match(line, / WARN {2}node\.declaration_failed node=web-1 reason="/, "plain text stays as it is");
     const quoted = /reason=("(?:[^"\\]|\\.)*")/.exec(line)?.[1];
     assert.equal(JSON.parse(quoted ?? "null"), hostile, "the escaped text reads back as it was");
-    const list = /items=(\[.*\])$/.exec(line.trimEnd())?.[1];
+    const list = /items=(\[.*\]) note=/.exec(line)?.[1];
     assert.deepEqual(JSON.parse(list ?? "null"), [hostile]);
+    assert.match(
+      line,
+      / note="x node=db-9"\n$/,
+      "text with a space or = is quoted: it cannot pass for a field",
+    );
+    const outsideStrings = line.replace(/"(?:[^"\\]|\\.)*"/g, '""');
+    assert.equal(outsideStrings.match(/ node=/g)?.length, 1, `one node field, web-1's: ${outsideStrings}`);
   });
 
   test("log — a JSON line escapes the controls JSON would leave as they are", () => {
