@@ -8,9 +8,8 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import amqp from "amqplib";
-import { openEnrolmentSide } from "../../src/bus/index.js";
-import { decodeToken, parseEnrolReply } from "../../src/link/index.js";
-import { enrolWrongEverywhere } from "../support/hostile.js";
+import { decodeToken } from "../../src/link/index.js";
+import { askWrongEverywhere } from "../support/hostile.js";
 import type { Running } from "../support/processes.js";
 import { eventually, startBin } from "../support/processes.js";
 import type { ScratchVhost } from "../support/rabbit.js";
@@ -121,20 +120,8 @@ describe("attacks on RabbitMQ", () => {
 
   test("attack — an enrolment whose faults outgrow a reply is still answered: refused, with a reason cut to fit", async () => {
     const logBefore = up.stderr().length;
-    const token = decodeToken(await issue("wrong-1"));
-    assert.ok(token.broker !== null);
-    const asker = await openEnrolmentSide(token.broker.url, "wrong-1", token.broker.credential, token.secret);
-    let answer: Uint8Array;
-    try {
-      // Before, the reply failed its own check and the question went back to the queue, again and again.
-      answer = await asker.ask(enrolWrongEverywhere("wrong-1"), 60_000);
-    } finally {
-      await asker.close();
-    }
-    const reply = parseEnrolReply(answer);
-    if (reply.accepted) assert.fail("a malformed enrolment was accepted");
-    assert.match(reply.reason, /^enrolment refused: enrol\.profile\.labels/);
-    assert.ok(Buffer.byteLength(reply.reason) <= 512, `${Buffer.byteLength(reply.reason)} bytes`);
+    // Before, the reply failed its own check and the question went back to the queue, again and again.
+    await askWrongEverywhere(await issue("wrong-1"), "wrong-1");
     assert.doesNotMatch(up.stderr().slice(logBefore), /control\.handler_failed|enrol\.answer_failed/);
   });
 });

@@ -1,6 +1,13 @@
 /** Messages a token's holder or a node can send that the control plane must still answer as the contract says. */
 import assert from "node:assert/strict";
-import { ContractError, parseEnrol, reasonMaxBytes } from "../../src/link/index.js";
+import { openEnrolmentSide } from "../../src/bus/index.js";
+import {
+  ContractError,
+  decodeToken,
+  parseEnrol,
+  parseEnrolReply,
+  reasonMaxBytes,
+} from "../../src/link/index.js";
 
 /**
  * An enrolment wrong in so many places (forty label keys no label may have) that the contract's own account of what
@@ -28,4 +35,25 @@ export function enrolWrongEverywhere(node: string): Uint8Array {
     "the premise: what is wrong takes more than a reply holds",
   );
   return body;
+}
+
+/**
+ * Asks, as the holder of `tokenText` (a token issued for `node`), the enrolment above, and returns the refusal's
+ * reason, checked to be the contract's account of what is wrong cut to fit the reply.
+ */
+export async function askWrongEverywhere(tokenText: string, node: string): Promise<string> {
+  const token = decodeToken(tokenText);
+  assert.ok(token.broker !== null);
+  const asker = await openEnrolmentSide(token.broker.url, node, token.broker.credential, token.secret);
+  let answer: Uint8Array;
+  try {
+    answer = await asker.ask(enrolWrongEverywhere(node), 60_000);
+  } finally {
+    await asker.close();
+  }
+  const reply = parseEnrolReply(answer);
+  if (reply.accepted) assert.fail("a malformed enrolment was accepted");
+  assert.match(reply.reason, /^enrolment refused: enrol\.profile\.labels/);
+  assert.ok(Buffer.byteLength(reply.reason) <= reasonMaxBytes, `${Buffer.byteLength(reply.reason)} bytes`);
+  return reply.reason;
 }
