@@ -721,11 +721,6 @@ function fromMachineBefore(delivery: ControlDelivery, standing: NodeStanding): s
     : undefined;
 }
 
-/**
- * Why a report is about no declaration this control plane sent to its node, or undefined when it is about one. A
- * node that has applied nothing yet reports sequence 0 with the empty digest. Declarations older than the node's
- * kept history are no longer known, and a report about one is refused the same way (it is older than what was kept).
- */
 /** How much of an item's id a drift's event keeps: the rest of its entry is the drift. */
 const driftIdShown = 200;
 
@@ -753,6 +748,11 @@ export function sameDeclaration(
   return one.epoch === other.epoch && one.sequence === other.sequence;
 }
 
+/**
+ * Why a report is about no declaration this control plane sent to its node, or undefined when it is about one. A
+ * node that has applied nothing yet reports sequence 0 with the empty digest. Declarations older than the node's
+ * kept history are no longer known, and a report about one is refused the same way (it is older than what was kept).
+ */
 function neverSent(
   node: string,
   report: Report,
