@@ -6,17 +6,10 @@
  * it can would otherwise queue its questions, each up to the largest message, faster than the store answers them).
  */
 import type { EnrolAnswer, EnrolRequest } from "../bus/index.js";
-import { encodeMessage } from "../link/index.js";
+import { busyWithAll, busyWithNode, encodeMessage, handingOver } from "../link/index.js";
 import { errorText } from "../log.js";
 import type { EnrolmentContext } from "./enrolment.js";
 import { answerEnrolment } from "./enrolment.js";
-
-/** What the control plane answers while its gate is closed: the joiner asks again, of whoever acts then. */
-export const handingOver = "the control plane is handing over; try again";
-/** What it answers to a node's question while that node has `perNode` questions waiting already. */
-export const busyWithNode = "the control plane is still answering this node's earlier enrolments; try again";
-/** What it answers while the questions waiting, all nodes together, hold `bytes` already. */
-export const busyWithAll = "the control plane is answering many enrolments; try again";
 
 export interface EnrolmentLimits {
   /** How many questions of one node wait at most, the one being answered included. */
@@ -26,8 +19,8 @@ export interface EnrolmentLimits {
 }
 
 /**
- * A joiner asks once and waits for its answer, so an honest node has one question under way (two tokens presented
- * at once, two). 10,000 machines joining at once ask with about 20 MB; a question is 1 MiB at most.
+ * A joiner asks and waits for its answer (turned away, it asks again after a pause), so an honest node has one
+ * question under way (two tokens presented at once, two). 10,000 machines joining at once ask with about 20 MB; a question is 1 MiB at most.
  */
 export const enrolmentLimits: EnrolmentLimits = { perNode: 4, bytes: 64 * 1024 * 1024 };
 

@@ -21,7 +21,11 @@ export function registerHostCommands(program: Command): void {
     .option("--state <dir>", "the agent's state dir (default: $MESH_HOST_STATE, /var/lib/mesh-host as root)")
     .option("--root <dir>", "where `mesh-host run` writes declared files (default /); kept for later runs")
     .option("--label <key=value>", "a label for this node's profile (repeatable)", collect, [])
-    .option("--timeout <duration>", "how long to wait for the control plane's answer", "15s")
+    .option(
+      "--timeout <duration>",
+      "how long to wait for the control plane's answer (asking again meanwhile while none answers or it is busy)",
+      "15s",
+    )
     .option("--json", 'print {"node","broker"}')
     .action(async (tokenArg: string | undefined, flags: JoinFlags) => {
       const token = tokenFrom(tokenArg, flags.tokenFile);
@@ -32,6 +36,8 @@ export function registerHostCommands(program: Command): void {
         stateDir,
         labels,
         timeoutMs: parseDuration(flags.timeout, "--timeout"),
+        askingAgain: (why, pauseMs) =>
+          process.stderr.write(`mesh-host: ${why}; asking again in ${(pauseMs / 1000).toFixed(1)} s\n`),
       });
       if (flags.root !== undefined) new HostState(stateDir).saveSecret(rootFile, resolve(flags.root));
       const out = stdoutOutput(flags.json === true);

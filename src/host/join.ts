@@ -3,10 +3,12 @@
  * what the reply gives it — its name, its broker identity, the control plane's signing key, pinned — so it never
  * needs a person or a token again. Every refusal ends promptly with the same line the control plane uses.
  */
-import { BrokerRefusedIdentity, newUserKey, openEnrolmentSide } from "../bus/index.js";
+import type { EnrolmentBus } from "../bus/index.js";
+import { BrokerRefusedIdentity, NobodyAnswers, newUserKey, openEnrolmentSide } from "../bus/index.js";
 import { MeshError, TokenRefused, UsageError } from "../errors.js";
 import { fingerprint, fingerprintsEqual } from "../keys/index.js";
-import { ContractError, decodeToken, encodeMessage, parseEnrolReply } from "../link/index.js";
+import type { EnrolReply } from "../link/index.js";
+import { ContractError, decodeToken, encodeMessage, parseEnrolReply, refusedUnread } from "../link/index.js";
 import type { HostIdentity, StateStorage } from "./state.js";
 import { HostState } from "./state.js";
 import { machineProfile } from "./profile.js";
@@ -25,6 +27,8 @@ export interface JoinRequest {
   storage?: StateStorage;
   /** Facts a simulated node claims instead of this machine's own (the lab's `--profiles`). */
   simulated?: Partial<Pick<MachineProfile, "cpu" | "memory_mb" | "drivers">>;
+  /** Told each time the question was turned away unread (or nobody answered) and is asked again after `pauseMs`. */
+  askingAgain?: (why: string, pauseMs: number) => void;
 }
 
 export async function join(request: JoinRequest): Promise<HostIdentity> {
@@ -58,26 +62,28 @@ export async function join(request: JoinRequest): Promise<HostIdentity> {
   const brokerUser = token.broker.credential.type === "nats" ? newUserKey() : undefined;
   if (brokerUser !== undefined) state.saveSecret(brokerSeedFile, brokerUser.seed);
 
-  const enrol = encodeMessage({
-    kind: "enrol",
-    node: token.node,
-    token_id: token.id,
-    secret: token.secret,
-    keys: {
-      signing: keys.signingPublicKey,
-      overlay: keys.overlayPublicKey,
-      ...(brokerUser === undefined ? {} : { broker_user: brokerUser.publicKey }),
-    },
-    profile: { ...machineProfile(request.labels), ...request.simulated },
-    agent_version: meshVersion(),
-    sent_at: new Date().toISOString(),
-  });
+  const profile = { ...machineProfile(request.labels), ...request.simulated };
+  const enrol = () =>
+    encodeMessage({
+      kind: "enrol",
+      node: token.node,
+      token_id: token.id,
+      secret: token.secret,
+      keys: {
+        signing: keys.signingPublicKey,
+        overlay: keys.overlayPublicKey,
+        ...(brokerUser === undefined ? {} : { broker_user: brokerUser.publicKey }),
+      },
+      profile,
+      agent_version: meshVersion(),
+      sent_at: new Date().toISOString(),
+    });
 
-  let answer: Uint8Array;
+  let reply: EnrolReply;
   try {
     const bus = await openEnrolmentSide(token.broker.url, token.node, token.broker.credential, token.secret);
     try {
-      answer = await bus.ask(enrol, request.timeoutMs);
+      reply = await askUntilRead(bus, enrol, request);
     } finally {
       await bus.close();
     }
@@ -86,7 +92,6 @@ export async function join(request: JoinRequest): Promise<HostIdentity> {
     if (error instanceof BrokerRefusedIdentity) throw new TokenRefused("unknown");
     throw error;
   }
-  const reply = parseEnrolReply(answer);
   if (!reply.accepted) {
     if (reply.reason === TokenRefused.text) throw new TokenRefused("unknown");
     throw new MeshError("enrol_refused", reply.reason);
@@ -117,3 +122,53 @@ export async function join(request: JoinRequest): Promise<HostIdentity> {
 
 /** The recovery copy an enrolment brought, until the agent has adopted what it names. */
 export const recoveryFile = "recovery.json";
+
+/**
+ * Asks until the question is read, within the join's timeout: when nobody answers (no control plane acts, as while
+ * one takes over from another) or the one acting turned the question away unread (handing over, busy), the token is
+ * untouched and the joiner asks again after a pause; the last of these is told when the time is up. Any other answer,
+ * and a question that was not answered in time, end the asking: a question that may have been read is never asked
+ * again, as a second one could find the token spent by the first.
+ */
+async function askUntilRead(
+  bus: EnrolmentBus,
+  question: () => Uint8Array,
+  request: Pick<JoinRequest, "timeoutMs" | "askingAgain">,
+): Promise<EnrolReply> {
+  const startedAt = performance.now();
+  const deadline = startedAt + request.timeoutMs;
+  for (let asked = 1; ; asked++) {
+    const leftMs = Math.max(1, Math.ceil(deadline - performance.now()));
+    let turnedAway: MeshError;
+    try {
+      const reply = parseEnrolReply(await bus.ask(question(), leftMs));
+      if (reply.accepted || !refusedUnread(reply.reason)) return reply;
+      turnedAway = new MeshError("enrol_refused", reply.reason);
+    } catch (error) {
+      if (!(error instanceof NobodyAnswers)) throw error;
+      turnedAway = error;
+    }
+    const pauseMs = pauseBeforeAsking(asked);
+    if (performance.now() + pauseMs >= deadline) {
+      const within = ((performance.now() - startedAt) / 1000).toFixed(1);
+      const times = asked === 1 ? "once" : `${asked} times`;
+      throw new MeshError(turnedAway.code, `${turnedAway.message} (asked ${times} in ${within} s)`, {
+        cause: turnedAway,
+      });
+    }
+    request.askingAgain?.(turnedAway.message, pauseMs);
+    await new Promise((resolve) => setTimeout(resolve, pauseMs));
+  }
+}
+
+/** The first pause before asking again, and the longest. */
+export const askAgainAfterMs = { first: 250, longest: 4000 };
+
+/**
+ * How long to wait before asking for the `asked + 1`th time: from a quarter second, doubled each time to 4 s, each
+ * drawn between half and the whole of it, so machines turned away together do not all come back together.
+ */
+export function pauseBeforeAsking(asked: number, random: () => number = Math.random): number {
+  const whole = Math.min(askAgainAfterMs.longest, askAgainAfterMs.first * 2 ** Math.max(0, asked - 1));
+  return Math.round(whole / 2 + (random() * whole) / 2);
+}

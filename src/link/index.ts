@@ -3,6 +3,7 @@
  * broker permissions, and the ordering rule for reports.
  */
 export { boundText, fitsBytes, reasonMaxBytes } from "./bounds.js";
+export { busyWithAll, busyWithNode, handingOver, refusedUnread } from "./enrol-refusals.js";
 export { ContractError } from "./errors.js";
 export {
   anyNodeSubjectToken,

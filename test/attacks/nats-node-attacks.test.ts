@@ -12,7 +12,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { connect, headers, jwtAuthenticator } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { openEnrolmentSide, openNatsIdentities } from "../../src/bus/index.js";
-import { busyWithNode } from "../../src/control/enrolments.js";
+import { busyWithNode } from "../../src/link/index.js";
 import { TokenRefused } from "../../src/errors.js";
 import { HostState } from "../../src/host/state.js";
 import { decodeToken, encodeMessage, parseEnrolReply } from "../../src/link/index.js";

@@ -1,0 +1,102 @@
+/**
+ * `mesh-host join` while no control plane acts (one restarting, or taking over from another): the question reached
+ * nobody, so the token is untouched, and the joiner asks again after a pause until its timeout. A join whose timeout
+ * ends first fails saying so and spends nothing: the same token joins once a control plane acts again. On each
+ * broker, with a real `mesh serve` stopped and started again under the joiner.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import type { TestContext } from "node:test";
+import { describe, test } from "node:test";
+import { exitCodes } from "../../src/errors.js";
+import { mesh, meshHost } from "../support/cli.js";
+import { startOperatorBroker } from "../support/operator-broker.js";
+import type { Running } from "../support/processes.js";
+import { eventually, startBin } from "../support/processes.js";
+import { scratchVhost } from "../support/rabbit.js";
+import { tempDir } from "../support/tmp.js";
+
+/** A mesh on `broker` whose control plane the test stops and starts, everything ended with the test. */
+async function openMesh(t: TestContext, broker: "nats" | "amqp") {
+  const dir = tempDir("mesh-join-again-");
+  const data = join(dir.path, "data");
+  const running: Running[] = [];
+  const made: { stop?: () => Promise<void> } = {};
+  t.after(async () => {
+    for (const one of running) await one.stop("SIGKILL");
+    await made.stop?.();
+    dir.remove();
+  });
+  let url: string;
+  if (broker === "nats") {
+    const server = await startOperatorBroker(data, dir.path);
+    made.stop = () => server.stop();
+    url = server.url;
+  } else {
+    const vhost = await scratchVhost();
+    made.stop = () => vhost.drop();
+    url = vhost.url;
+  }
+  const cli = (args: string[]) => mesh(["--data", data, ...args]);
+  return {
+    dir: dir.path,
+    cli,
+    async serve(): Promise<Running> {
+      const serve = startBin("mesh", ["--data", data, "serve", "--broker", url]);
+      running.push(serve);
+      await eventually("serve to serve", () => (/control\.serving/.test(serve.stderr()) ? true : undefined));
+      return serve;
+    },
+    join(token: string, state: string, timeout: string): Running {
+      const joining = startBin("mesh-host", ["join", token, "--state", state, "--timeout", timeout]);
+      running.push(joining);
+      return joining;
+    },
+  };
+}
+
+/** How many times a join's stderr says it asks again because nobody answered. */
+const askedAgain = (stderr: string) =>
+  (stderr.match(/no control plane is answering at \S+; asking again in \d+\.\d s/g) ?? []).length;
+
+for (const broker of ["nats", "amqp"] as const) {
+  describe(`mesh-host join while no control plane acts (${broker})`, () => {
+    test(`join — asks again while nobody answers: fails unspent at its timeout, and the same token joins once a control plane acts (${broker})`, async (t) => {
+      const mesh = await openMesh(t, broker);
+      const first = await mesh.serve();
+      const issued = await mesh.cli(["token", "issue", "edge-1", "--json"]);
+      assert.equal(issued.code, 0, issued.stderr);
+      const { token } = JSON.parse(issued.stdout) as { token: string };
+      assert.equal(await first.stop("SIGTERM"), 0, first.stderr());
+
+      // Nobody acts: asked a few times within two seconds, then told, with how often it asked.
+      const state = join(mesh.dir, "edge-1");
+      const short = await meshHost(["join", token, "--state", state, "--timeout", "2s"]);
+      assert.equal(short.code, exitCodes.failure, short.stderr);
+      const told = /no control plane is answering at \S+ \(asked (\d+) times in (\d+\.\d) s\)/.exec(
+        short.stderr,
+      );
+      assert.ok(told !== null, short.stderr);
+      assert.ok(Number(told[1]) >= 2, `asked ${told[1]} times`);
+      assert.equal(askedAgain(short.stderr), Number(told[1]) - 1, short.stderr);
+
+      // The same token, the same state dir: asking until a control plane acts, which starts only once it has
+      // asked again; the token was spent by neither question before it.
+      const joining = mesh.join(token, state, "10m");
+      await eventually(
+        "the joiner to ask again",
+        () => (askedAgain(joining.stderr()) >= 1 ? true : undefined),
+        {
+          timeoutMs: 120_000,
+          detail: () => joining.stderr(),
+        },
+      );
+      await mesh.serve();
+      assert.equal(await joining.exited, 0, joining.stderr());
+      assert.equal(joining.stdout().trim(), "edge-1");
+      const shown = await mesh.cli(["node", "show", "edge-1", "--json"]);
+      assert.equal(shown.code, 0, shown.stderr);
+      assert.equal((JSON.parse(shown.stdout) as { state: string }).state, "enrolled");
+    });
+  });
+}
