@@ -45,7 +45,9 @@ export class PlanWatch {
   private lastFleetLook = Number.NEGATIVE_INFINITY;
   /** Until when (monotonic ms) only a new revision is rolled out. */
   private quietUntil = Number.NEGATIVE_INFINITY;
-  private failing = false;
+  /** How many looks in a row failed, and until when (monotonic ms) the next waits after the last of them. */
+  private failures = 0;
+  private retryAt = Number.NEGATIVE_INFINITY;
   /** Nodes whose declaration was recorded by a roll-out that failed before the broker confirmed it. */
   private readonly unconfirmed = new Set<string>();
   /** The sending of a roll-out under way, if any: what nodes send waits for it (`rollingOut`). */
@@ -88,19 +90,23 @@ export class PlanWatch {
   }
 
   private tick(): void {
-    if (this.running !== undefined || this.stopped) return;
+    if (this.running !== undefined || this.stopped || performance.now() < this.retryAt) return;
     this.running = this.look()
       .then(
         () => {
-          if (this.failing) this.settings.log.info("plan.rollout_again");
-          this.failing = false;
+          if (this.failures > 0) this.settings.log.info("plan.rollout_again", { failures: this.failures });
+          this.failures = 0;
+          this.retryAt = Number.NEGATIVE_INFINITY;
         },
         (error: unknown) => {
-          // Tried again at the next look; said once per run of failures.
+          // Tried again after a pause that grows while the failures go on; said once per run of failures.
           this.wanted = true;
           if (error instanceof DeclaredInPart) for (const node of error.recorded) this.unconfirmed.add(node);
-          if (!this.failing) this.settings.log.error("plan.rollout_failed", { error: errorText(error) });
-          this.failing = true;
+          this.failures++;
+          const retryMs = rolloutRetry.afterMs(this.failures);
+          this.retryAt = performance.now() + retryMs;
+          if (this.failures === 1)
+            this.settings.log.error("plan.rollout_failed", { error: errorText(error), retry_ms: retryMs });
         },
       )
       .finally(() => (this.running = undefined));
@@ -223,6 +229,22 @@ export class PlanWatch {
 export function quietAfter(endedAt: number, tookMs: number): number {
   return endedAt + 3 * Math.max(0, tookMs);
 }
+
+/**
+ * How long a roll-out that failed waits before it is tried again: from a tenth of a second, doubled at each failure
+ * in a row, to 5 s. A fault that passes (the broker a moment away) costs a tenth of a second; one that lasts (a
+ * store refusing the declarations' rows) is tried about a dozen times a minute, not at every look, each try
+ * allocating every target's next sequence and reading the fleet. 5 s: a roll-out goes out within seconds of the
+ * fault's end, well within a waiting `mesh declare`'s deadline.
+ */
+export const rolloutRetry = {
+  firstMs: 100,
+  longestMs: 5_000,
+  /** The pause after the `failures`th failure in a row. */
+  afterMs(failures: number): number {
+    return Math.min(this.longestMs, this.firstMs * 2 ** Math.max(0, failures - 1));
+  },
+};
 
 /** Settles when `work` does, fulfilled or rejected (its outcome is its owner's to handle), or after `ms`. */
 export async function settledWithin(work: Promise<unknown>, ms: number): Promise<void> {
