@@ -20,7 +20,8 @@ export interface EnrolmentLimits {
 
 /**
  * A joiner asks and waits for its answer (turned away, it asks again after a pause), so an honest node has one
- * question under way (two tokens presented at once, two). 10,000 machines joining at once ask with about 20 MB; a question is 1 MiB at most.
+ * question under way (two tokens presented at once, two). 10,000 machines joining at once ask with about 20 MB; a
+ * question is 1 MiB at most.
  */
 export const enrolmentLimits: EnrolmentLimits = { perNode: 4, bytes: 64 * 1024 * 1024 };
 

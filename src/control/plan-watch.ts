@@ -93,7 +93,9 @@ export class PlanWatch {
     if (this.running !== undefined || this.stopped || performance.now() < this.retryAt) return;
     this.running = this.look()
       .then(
-        () => {
+        (looked) => {
+          // A look the gate turned away did nothing, and says nothing of the failures before it.
+          if (!looked) return;
           if (this.failures > 0) this.settings.log.info("plan.rollout_again", { failures: this.failures });
           this.failures = 0;
           this.retryAt = Number.NEGATIVE_INFINITY;
@@ -112,16 +114,17 @@ export class PlanWatch {
       .finally(() => (this.running = undefined));
   }
 
-  private async look(): Promise<void> {
+  /** Whether it looked: false when there was no epoch to act under or the gate was closed. */
+  private async look(): Promise<boolean> {
     const { store, gate, log } = this.settings;
     const epoch = this.settings.epoch();
-    if (epoch === undefined || !gate()) return;
+    if (epoch === undefined || !gate()) return false;
     const revision = await store.plans.newest();
     const seen = this.seen;
     // The fleet's marks cost a pass over its nodes: read each `everyMs`, or at once for a new revision.
     const startedAt = performance.now();
     const fleetDue = startedAt - this.lastFleetLook >= this.settings.everyMs && startedAt >= this.quietUntil;
-    if (!this.wanted && seen !== undefined && seen.revision === revision && !fleetDue) return;
+    if (!this.wanted && seen !== undefined && seen.revision === revision && !fleetDue) return true;
     this.lastFleetLook = startedAt;
     const fleet = await store.nodes.fleetMark();
     const moved = await this.movedMark();
@@ -132,7 +135,7 @@ export class PlanWatch {
       seen.fleet === fleet &&
       seen.moved === moved
     )
-      return;
+      return true;
     this.wanted = false;
     await this.resendUnconfirmed();
     const rolloutStarted = performance.now();
@@ -159,6 +162,7 @@ export class PlanWatch {
         cpu_ms: Math.round((cpu.user + cpu.system) / 1000),
       });
     }
+    return true;
   }
 
   /**

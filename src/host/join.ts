@@ -126,19 +126,27 @@ export const recoveryFile = "recovery.json";
 /**
  * Asks until the question is read, within the join's timeout: when nobody answers (no control plane acts, as while
  * one takes over from another) or the one acting turned the question away unread (handing over, busy), the token is
- * untouched and the joiner asks again after a pause; the last of these is told when the time is up. Any other answer,
- * and a question that was not answered in time, end the asking: a question that may have been read is never asked
- * again, as a second one could find the token spent by the first.
+ * untouched and the joiner asks again after a pause, as long as enough of the timeout is left for an answer; the
+ * last of these is told when the time is up. Any other answer, and a question that was not answered in time, end the
+ * asking: a question that may have been read is never asked again, as a second one could find the token spent by
+ * the first. `clock` is for tests: when it is now (ms) and how a pause is waited out.
  */
-async function askUntilRead(
-  bus: EnrolmentBus,
+export async function askUntilRead(
+  bus: Pick<EnrolmentBus, "ask">,
   question: () => Uint8Array,
   request: Pick<JoinRequest, "timeoutMs" | "askingAgain">,
+  clock: { now: () => number; sleep: (ms: number) => Promise<void> } = {
+    now: () => performance.now(),
+    sleep: (ms) => new Promise((resolve) => setTimeout(resolve, ms)),
+  },
 ): Promise<EnrolReply> {
-  const startedAt = performance.now();
+  const startedAt = clock.now();
   const deadline = startedAt + request.timeoutMs;
+  // A question asked with less than this left could be read and answered after the joiner gave up, spending the
+  // token for nothing: it is not asked, and the join ends with why it was asking.
+  const leastLeftMs = Math.min(askAgainAfterMs.leastLeft, request.timeoutMs / 2);
   for (let asked = 1; ; asked++) {
-    const leftMs = Math.max(1, Math.ceil(deadline - performance.now()));
+    const leftMs = Math.max(1, Math.ceil(deadline - clock.now()));
     let turnedAway: MeshError;
     try {
       const reply = parseEnrolReply(await bus.ask(question(), leftMs));
@@ -149,20 +157,22 @@ async function askUntilRead(
       turnedAway = error;
     }
     const pauseMs = pauseBeforeAsking(asked);
-    if (performance.now() + pauseMs >= deadline) {
-      const within = ((performance.now() - startedAt) / 1000).toFixed(1);
-      const times = asked === 1 ? "once" : `${asked} times`;
-      throw new MeshError(turnedAway.code, `${turnedAway.message} (asked ${times} in ${within} s)`, {
-        cause: turnedAway,
-      });
+    if (deadline - (clock.now() + pauseMs) < leastLeftMs) {
+      const within = ((clock.now() - startedAt) / 1000).toFixed(1);
+      const message = `${turnedAway.message} (asked ${asked === 1 ? "once" : `${asked} times`} in ${within} s)`;
+      if (turnedAway instanceof NobodyAnswers) throw new NobodyAnswers(message, { cause: turnedAway });
+      throw new MeshError(turnedAway.code, message, { cause: turnedAway });
     }
     request.askingAgain?.(turnedAway.message, pauseMs);
-    await new Promise((resolve) => setTimeout(resolve, pauseMs));
+    await clock.sleep(pauseMs);
   }
 }
 
-/** The first pause before asking again, and the longest. */
-export const askAgainAfterMs = { first: 250, longest: 4000 };
+/**
+ * The first pause before asking again, and the longest; and how much of the join's timeout must be left after a
+ * pause for the question to be asked (at most half the timeout).
+ */
+export const askAgainAfterMs = { first: 250, longest: 4000, leastLeft: 3000 };
 
 /**
  * How long to wait before asking for the `asked + 1`th time: from a quarter second, doubled each time to 4 s, each

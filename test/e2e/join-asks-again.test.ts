@@ -9,6 +9,7 @@ import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { describe, test } from "node:test";
 import { exitCodes } from "../../src/errors.js";
+import { controlQueue } from "../../src/link/index.js";
 import { mesh, meshHost } from "../support/cli.js";
 import { startOperatorBroker } from "../support/operator-broker.js";
 import type { Running } from "../support/processes.js";
@@ -21,7 +22,7 @@ async function openMesh(t: TestContext, broker: "nats" | "amqp") {
   const dir = tempDir("mesh-join-again-");
   const data = join(dir.path, "data");
   const running: Running[] = [];
-  const made: { stop?: () => Promise<void> } = {};
+  const made: { stop?: () => Promise<void>; dropControlQueue?: () => Promise<void> } = {};
   t.after(async () => {
     for (const one of running) await one.stop("SIGKILL");
     await made.stop?.();
@@ -35,12 +36,21 @@ async function openMesh(t: TestContext, broker: "nats" | "amqp") {
   } else {
     const vhost = await scratchVhost();
     made.stop = () => vhost.drop();
+    made.dropControlQueue = async () => {
+      assert.equal(
+        await vhost.api.deleteQueue(vhost.vhost, controlQueue),
+        true,
+        "the control queue was there",
+      );
+    };
     url = vhost.url;
   }
   const cli = (args: string[]) => mesh(["--data", data, ...args]);
   return {
     dir: dir.path,
     cli,
+    /** RabbitMQ only: the control queue deleted, as on a vhost no control plane ever ran on. */
+    dropControlQueue: made.dropControlQueue,
     async serve(): Promise<Running> {
       const serve = startBin("mesh", ["--data", data, "serve", "--broker", url]);
       running.push(serve);
@@ -68,10 +78,12 @@ for (const broker of ["nats", "amqp"] as const) {
       assert.equal(issued.code, 0, issued.stderr);
       const { token } = JSON.parse(issued.stdout) as { token: string };
       assert.equal(await first.stop("SIGTERM"), 0, first.stderr());
+      // On RabbitMQ, no control queue at all: nobody answers there either (it comes back with the control plane).
+      await mesh.dropControlQueue?.();
 
-      // Nobody acts: asked a few times within two seconds, then told, with how often it asked.
+      // Nobody acts: asked again while 3 s of the 8 would be left for an answer, then told, with how often it asked.
       const state = join(mesh.dir, "edge-1");
-      const short = await meshHost(["join", token, "--state", state, "--timeout", "2s"]);
+      const short = await meshHost(["join", token, "--state", state, "--timeout", "8s"]);
       assert.equal(short.code, exitCodes.failure, short.stderr);
       const told = /no control plane is answering at \S+ \(asked (\d+) times in (\d+\.\d) s\)/.exec(
         short.stderr,

@@ -303,7 +303,7 @@ function isRefusedLogin(error: Error): boolean {
  * refusal during the opening handshake (a wrong password, a deleted account) does not in amqplib 2.3, whose only
  * record of the broker's code is its "Handshake terminated by server: 403 (ACCESS-REFUSED) …" message.
  */
-function replyCodeOf(error: unknown): number | undefined {
+export function replyCodeOf(error: unknown): number | undefined {
   if (!(error instanceof Error)) return undefined;
   const code: unknown = (error as { code?: unknown }).code;
   if (typeof code === "number") return code;

@@ -10,7 +10,7 @@ import type { Logger } from "../../log.js";
 import type { EnrolmentBus, NodeBus, NodeDelivery } from "../bus.js";
 import { BusError, NobodyAnswers } from "../errors.js";
 import type { AmqpAddress } from "./link.js";
-import { AmqpLink, asAmqpError, PublishChannel } from "./link.js";
+import { AmqpLink, asAmqpError, PublishChannel, replyCodeOf } from "./link.js";
 
 /** Declarations in flight to one node: it applies them one at a time anyway. */
 const nodePrefetch = 16;
@@ -114,6 +114,11 @@ export class AmqpNodeBus implements NodeBus {
   }
 }
 
+/** Whether the broker said it has no such thing (404), itself or under one of the mesh's errors. */
+function notFound(error: unknown): boolean {
+  return replyCodeOf(error) === 404 || (error instanceof Error && replyCodeOf(error.cause) === 404);
+}
+
 /** A joining node's one question, asked with the token's account, answered through direct reply-to. */
 export class AmqpEnrolmentBus implements EnrolmentBus {
   private constructor(
@@ -152,12 +157,13 @@ export class AmqpEnrolmentBus implements EnrolmentBus {
     const lost = this.link.closed().then((ended): never => {
       throw ended ?? new BusError("broker", `the connection to the broker at ${this.link.where} was closed`);
     });
+    const nobody = () => new NobodyAnswers(`no control plane is answering at ${this.link.where}`);
+    /** Whether the question went out: before it has, nothing was read, and a join may ask again. */
+    let published = false;
     // Raced at once below (the race handles its settling later too, when the link is closed after the ask).
     try {
       const control = await Promise.race([channel.checkQueue(controlQueue), refused, lost]);
-      if (control.consumerCount === 0) {
-        throw new NobodyAnswers(`no control plane is answering at ${this.link.where}`);
-      }
+      if (control.consumerCount === 0) throw nobody();
       const correlationId = randomUUID();
       const answered = new Promise<Uint8Array>((resolve) => {
         void channel.consume(
@@ -169,6 +175,7 @@ export class AmqpEnrolmentBus implements EnrolmentBus {
           { noAck: true },
         );
       });
+      published = true;
       channel.publish(meshExchange, controlRoutingKey("enrol"), Buffer.from(body), {
         replyTo: directReplyTo,
         correlationId,
@@ -196,9 +203,19 @@ export class AmqpEnrolmentBus implements EnrolmentBus {
         clearTimeout(timer);
       }
     } catch (error) {
+      // No control queue at all (no control plane ever ran on this vhost): nobody answers, as with no consumer.
+      if (!published && [error, refusal].some(notFound)) throw nobody();
       if (error instanceof BusError) throw error;
       if (refusal !== undefined) throw asAmqpError(refusal, this.link.where);
       throw asAmqpError(error, this.link.where);
+    } finally {
+      // Closed after each question: a join asking again for minutes would otherwise hold a channel and its reply
+      // consumer per question. One the broker closed (a refusal, a missing queue, the connection gone) is closed.
+      if (refusal === undefined) {
+        await channel.close().catch((error: unknown) => {
+          if (!(error instanceof IllegalOperationError)) throw error;
+        });
+      }
     }
   }
 
