@@ -14,7 +14,7 @@ import { promisify } from "node:util";
 import amqp from "amqplib";
 import type { ChannelModel } from "amqplib";
 import { openStore } from "../../src/store/index.js";
-import { mesh, meshHost } from "../support/cli.js";
+import { enrolNode, mesh } from "../support/cli.js";
 import type { Running } from "../support/processes.js";
 import { eventually, startBin } from "../support/processes.js";
 import type { ScratchVhost } from "../support/rabbit.js";
@@ -80,17 +80,7 @@ describe("mesh serve on RabbitMQ through a broker restart", () => {
     await eventually("serve to consume the control queue", async () =>
       /control\.serving/.test(serve.stderr()) && (await controlConsumers()) === 1 ? true : undefined,
     );
-    const issued = await cli(["token", "issue", "edge-1", "--json"]);
-    assert.equal(issued.code, 0, issued.stderr);
-    const joined = await meshHost([
-      "join",
-      (JSON.parse(issued.stdout) as { token: string }).token,
-      "--state",
-      state,
-      "--root",
-      root,
-    ]);
-    assert.equal(joined.code, 0, joined.stderr);
+    await enrolNode(cli, "edge-1", state, ["--root", root]);
     mkdirSync(root, { recursive: true });
     agent = startBin("mesh-host", ["run", "--state", state, "--alive-every", "300ms"]);
   });

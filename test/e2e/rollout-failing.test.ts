@@ -11,7 +11,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 import Database from "better-sqlite3";
 import { rolloutRetry } from "../../src/control/plan-watch.js";
-import { mesh, meshHost } from "../support/cli.js";
+import { enrolNode, mesh } from "../support/cli.js";
 import { startOperatorBroker } from "../support/operator-broker.js";
 import type { Running } from "../support/processes.js";
 import { eventually, logLines, startBin } from "../support/processes.js";
@@ -31,15 +31,7 @@ test("serve — a roll-out that keeps failing is tried again after growing pause
   const serve = startBin("mesh", ["--data", data, "serve", "--broker", server.url]);
   running.serve = serve;
   await eventually("serve to serve", () => (/control\.serving/.test(serve.stderr()) ? true : undefined));
-  const issued = await cli(["token", "issue", "edge-1", "--json"]);
-  assert.equal(issued.code, 0, issued.stderr);
-  const joined = await meshHost([
-    "join",
-    (JSON.parse(issued.stdout) as { token: string }).token,
-    "--state",
-    join(dir.path, "edge-1"),
-  ]);
-  assert.equal(joined.code, 0, joined.stderr);
+  await enrolNode(cli, "edge-1", join(dir.path, "edge-1"));
 
   const db = new Database(join(data, "mesh.db"));
   db.pragma("busy_timeout = 5000");

@@ -40,3 +40,20 @@ export function runScript(
 
 export const mesh = (args: readonly string[], env?: NodeJS.ProcessEnv) => runBin("mesh", args, env);
 export const meshHost = (args: readonly string[], env?: NodeJS.ProcessEnv) => runBin("mesh-host", args, env);
+
+/**
+ * A token issued for `node` by `cli` (a `mesh` bound to one mesh's data dir) and joined with it into `state`, as an
+ * operator and then the machine would; each step must succeed. `joinArgs` go to `mesh-host join` (`--root`, say).
+ */
+export async function enrolNode(
+  cli: (args: string[]) => Promise<Run>,
+  node: string,
+  state: string,
+  joinArgs: readonly string[] = [],
+): Promise<void> {
+  const issued = await cli(["token", "issue", node, "--json"]);
+  if (issued.code !== 0) throw new Error(`mesh token issue ${node} failed: ${issued.stderr}`);
+  const { token } = JSON.parse(issued.stdout) as { token: string };
+  const joined = await meshHost(["join", token, "--state", state, ...joinArgs]);
+  if (joined.code !== 0) throw new Error(`mesh-host join ${node} failed: ${joined.stderr}`);
+}
