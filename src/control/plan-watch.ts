@@ -105,7 +105,7 @@ export class PlanWatch {
           this.wanted = true;
           if (error instanceof DeclaredInPart) for (const node of error.recorded) this.unconfirmed.add(node);
           this.failures++;
-          const retryMs = rolloutRetry.afterMs(this.failures);
+          const retryMs = rolloutRetryMs(this.failures);
           this.retryAt = performance.now() + retryMs;
           if (this.failures === 1)
             this.settings.log.error("plan.rollout_failed", { error: errorText(error), retry_ms: retryMs });
@@ -241,14 +241,12 @@ export function quietAfter(endedAt: number, tookMs: number): number {
  * allocating every target's next sequence and reading the fleet. 5 s: a roll-out goes out within seconds of the
  * fault's end, well within a waiting `mesh declare`'s deadline.
  */
-export const rolloutRetry = {
-  firstMs: 100,
-  longestMs: 5_000,
-  /** The pause after the `failures`th failure in a row. */
-  afterMs(failures: number): number {
-    return Math.min(this.longestMs, this.firstMs * 2 ** Math.max(0, failures - 1));
-  },
-};
+export const rolloutRetry = { firstMs: 100, longestMs: 5_000 };
+
+/** The pause after the `failures`th failed roll-out in a row. */
+export function rolloutRetryMs(failures: number): number {
+  return Math.min(rolloutRetry.longestMs, rolloutRetry.firstMs * 2 ** Math.max(0, failures - 1));
+}
 
 /** Settles when `work` does, fulfilled or rejected (its outcome is its owner's to handle), or after `ms`. */
 export async function settledWithin(work: Promise<unknown>, ms: number): Promise<void> {

@@ -10,7 +10,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import Database from "better-sqlite3";
-import { rolloutRetry } from "../../src/control/plan-watch.js";
+import { rolloutRetryMs } from "../../src/control/plan-watch.js";
 import { enrolNode, mesh } from "../support/cli.js";
 import { startOperatorBroker } from "../support/operator-broker.js";
 import type { Running } from "../support/processes.js";
@@ -65,7 +65,7 @@ test("serve — a roll-out that keeps failing is tried again after growing pause
   const tries = allocated() - before;
   let most = 0;
   for (let waited = 0, failures = 1; waited < stretchMs; failures++) {
-    waited += rolloutRetry.afterMs(failures);
+    waited += rolloutRetryMs(failures);
     most++;
   }
   assert.ok(tries <= most + 1, `${tries} tries in ${stretchMs} ms (at most ${most + 1} with growing pauses)`);

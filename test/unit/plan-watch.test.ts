@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { quietAfter, rolloutRetry, settledWithin } from "../../src/control/plan-watch.js";
+import { quietAfter, rolloutRetryMs, settledWithin } from "../../src/control/plan-watch.js";
 
 test("plan watch — a look that took 40 ms is followed by 120 ms in which only a new revision is rolled out", () => {
   assert.equal(quietAfter(10_000, 40), 10_120);
@@ -46,10 +46,10 @@ test("plan watch — a roll-out that never ends holds ingest for the bound only"
 });
 
 test("plan watch — a roll-out failing again and again waits from a tenth of a second, doubled each time, to 5 s", () => {
-  const pauses = Array.from({ length: 9 }, (_, i) => rolloutRetry.afterMs(i + 1));
+  const pauses = Array.from({ length: 9 }, (_, i) => rolloutRetryMs(i + 1));
   assert.deepEqual(pauses, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
   // A minute of a fault that lasts: a dozen or so tries, not one every 25 ms look (2,400).
   let tries = 0;
-  for (let waited = 0; waited < 60_000; tries++) waited += rolloutRetry.afterMs(tries + 1);
+  for (let waited = 0; waited < 60_000; tries++) waited += rolloutRetryMs(tries + 1);
   assert.ok(tries <= 20, `${tries} tries in a minute`);
 });
