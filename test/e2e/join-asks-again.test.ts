@@ -2,12 +2,15 @@
  * `mesh-host join` while no control plane acts (one restarting, or taking over from another): the question reached
  * nobody, so the token is untouched, and the joiner asks again after a pause until its timeout. A join whose timeout
  * ends first fails saying so and spends nothing: the same token joins once a control plane acts again. On each
- * broker, with a real `mesh serve` stopped and started again under the joiner.
+ * broker, with a real `mesh serve` stopped and started again under the joiner; on RabbitMQ the joiner also holds one
+ * channel at most however often it asks, and a vhost with no control queue is nobody answering too.
  */
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { describe, test } from "node:test";
+import { promisify } from "node:util";
 import { exitCodes } from "../../src/errors.js";
 import { controlQueue } from "../../src/link/index.js";
 import { mesh, meshHost } from "../support/cli.js";
@@ -17,12 +20,18 @@ import { eventually, startBin } from "../support/processes.js";
 import { scratchVhost } from "../support/rabbit.js";
 import { tempDir } from "../support/tmp.js";
 
+const run = promisify(execFile);
+
 /** A mesh on `broker` whose control plane the test stops and starts, everything ended with the test. */
 async function openMesh(t: TestContext, broker: "nats" | "amqp") {
   const dir = tempDir("mesh-join-again-");
   const data = join(dir.path, "data");
   const running: Running[] = [];
-  const made: { stop?: () => Promise<void>; dropControlQueue?: () => Promise<void> } = {};
+  const made: {
+    stop?: () => Promise<void>;
+    dropControlQueue?: () => Promise<void>;
+    channelsOpen?: () => Promise<number[]>;
+  } = {};
   t.after(async () => {
     for (const one of running) await one.stop("SIGKILL");
     await made.stop?.();
@@ -36,6 +45,16 @@ async function openMesh(t: TestContext, broker: "nats" | "amqp") {
   } else {
     const vhost = await scratchVhost();
     made.stop = () => vhost.drop();
+    made.channelsOpen = async () => {
+      const { stdout } = await run("rabbitmqctl", ["list_connections", "-q", "-p", vhost.vhost, "channels"], {
+        timeout: 60_000,
+      });
+      return stdout
+        .split("\n")
+        .map((line) => line.trim())
+        .filter((line) => /^\d+$/.test(line))
+        .map(Number);
+    };
     made.dropControlQueue = async () => {
       assert.equal(
         await vhost.api.deleteQueue(vhost.vhost, controlQueue),
@@ -51,6 +70,8 @@ async function openMesh(t: TestContext, broker: "nats" | "amqp") {
     cli,
     /** RabbitMQ only: the control queue deleted, as on a vhost no control plane ever ran on. */
     dropControlQueue: made.dropControlQueue,
+    /** RabbitMQ only: how many channels each connection to the vhost has open now, as the broker counts them. */
+    channelsOpen: made.channelsOpen,
     async serve(): Promise<Running> {
       const serve = startBin("mesh", ["--data", data, "serve", "--broker", url]);
       running.push(serve);
@@ -78,8 +99,6 @@ for (const broker of ["nats", "amqp"] as const) {
       assert.equal(issued.code, 0, issued.stderr);
       const { token } = JSON.parse(issued.stdout) as { token: string };
       assert.equal(await first.stop("SIGTERM"), 0, first.stderr());
-      // On RabbitMQ, no control queue at all: nobody answers there either (it comes back with the control plane).
-      await mesh.dropControlQueue?.();
 
       // Nobody acts: asked again while 3 s of the 8 would be left for an answer, then told, with how often it asked.
       const state = join(mesh.dir, "edge-1");
@@ -103,6 +122,24 @@ for (const broker of ["nats", "amqp"] as const) {
           detail: () => joining.stderr(),
         },
       );
+      if (mesh.channelsOpen !== undefined && mesh.dropControlQueue !== undefined) {
+        // Each question's channel is closed after it: after three questions the joiner holds one at most.
+        await eventually("the joiner to have asked three times", () =>
+          askedAgain(joining.stderr()) >= 3 ? true : undefined,
+        );
+        const channels = await mesh.channelsOpen();
+        assert.equal(channels.length, 1, `connections to the vhost: ${channels.join(", ")}`);
+        assert.ok((channels[0] ?? 0) <= 1, `the joiner's connection holds ${channels[0]} channels`);
+        // No control queue at all (a vhost no control plane ran on yet): nobody answers there either, and the
+        // joiner goes on asking until the control plane makes it again.
+        await mesh.dropControlQueue();
+        const before = askedAgain(joining.stderr());
+        await eventually(
+          "the joiner to ask again twice with no control queue",
+          () => (askedAgain(joining.stderr()) >= before + 2 ? true : undefined),
+          { timeoutMs: 120_000, detail: () => joining.stderr() },
+        );
+      }
       await mesh.serve();
       assert.equal(await joining.exited, 0, joining.stderr());
       assert.equal(joining.stdout().trim(), "edge-1");
