@@ -15,7 +15,8 @@ import { boundText, ContractError, encodeMessage, nodeQueue, parseEnrol } from "
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
-import type { RefusalLedger } from "./refusals.js";
+import type { RefusalLedger, TakeBack } from "./refusals.js";
+import { takeBack } from "./refusals.js";
 import { spendToken } from "./tokens.js";
 
 export interface EnrolmentContext {
@@ -53,11 +54,18 @@ export async function answerEnrolment(
 
   /** Counted always; told (logged, kept as an event) at most once a minute for this node. */
   const tellRefusal = async (reason: string, detail?: Record<string, unknown>): Promise<void> => {
-    const event = context.refusals.note({ node: request.node, kind: "enrol", reason, detail }, now);
-    await store.transaction(async (tx) => {
-      await tx.counters.add(request.node, "enrol_refused");
-      if (event !== undefined) await tx.events.record(event);
-    });
+    const undo: TakeBack = [];
+    const event = context.refusals.note({ node: request.node, kind: "enrol", reason, detail }, now, undo);
+    try {
+      await store.transaction(async (tx) => {
+        await tx.counters.add(request.node, "enrol_refused");
+        if (event !== undefined) await tx.events.record(event);
+      });
+    } catch (error) {
+      // Neither counted nor kept: told again at the next refusal.
+      takeBack(undo);
+      throw error;
+    }
   };
 
   if (request.misrouted !== undefined) {

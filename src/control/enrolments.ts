@@ -10,6 +10,8 @@ import { busyWithAll, busyWithNode, encodeMessage, handingOver } from "../link/i
 import { errorText } from "../log.js";
 import type { EnrolmentContext } from "./enrolment.js";
 import { answerEnrolment } from "./enrolment.js";
+import type { TakeBack } from "./refusals.js";
+import { takeBack } from "./refusals.js";
 
 export interface EnrolmentLimits {
   /** How many questions of one node wait at most, the one being answered included. */
@@ -76,11 +78,16 @@ export class Enrolments {
    */
   private busy(node: string, reason: string): EnrolAnswer {
     const { refusals, store, now, log } = this.context;
-    const event = refusals.note({ node, kind: "enrol", reason }, now());
+    const undo: TakeBack = [];
+    const event = refusals.note({ node, kind: "enrol", reason }, now(), undo);
     if (event !== undefined) {
-      this.keeping = this.keeping
-        .then(() => store.events.record(event))
-        .catch((error: unknown) => log.error("enrol.refusal_not_kept", { node, error: errorText(error) }));
+      this.keeping = this.keeping.then(() =>
+        store.events.record(event).catch((error: unknown) => {
+          // Told again at the node's next refusal, or at the ledger's next look once its window is over.
+          takeBack(undo);
+          log.error("enrol.refusal_not_kept", { node, error: errorText(error) });
+        }),
+      );
     }
     return refusal(reason);
   }

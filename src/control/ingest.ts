@@ -24,7 +24,8 @@ import { errorText } from "../log.js";
 import type { AccountRecord, LatestOrder, MeshEvent, NodeStanding, Store } from "../store/index.js";
 import { digestKey, sequenceKey } from "../store/index.js";
 import { resendLatest } from "./declarations.js";
-import { RefusalLedger, refusalWindowMs } from "./refusals.js";
+import type { TakeBack } from "./refusals.js";
+import { RefusalLedger, refusalWindowMs, takeBack } from "./refusals.js";
 
 /**
  * The most bytes an alive may hold: it names a node, a time and what the node holds, a few hundred bytes. A larger
@@ -167,6 +168,8 @@ export class Ingest {
           await tx.events.recordMany(batch.events);
           if (heard.size > 0) await tx.nodes.touch(heard);
         });
+        // Kept: what was told is told.
+        batch.undo.length = 0;
         // Committed: each node's last account kept is its recovery copy now.
         const batchMs = batch.at.getTime();
         for (const account of batch.accounts) this.rememberCopy(account.node, account, batchMs);
@@ -181,6 +184,8 @@ export class Ingest {
       await this.catchUp(batch.holds);
       return deliveries.map(() => "done");
     } catch (error) {
+      // Handed back before it was kept: what it told is untold again, and told when its deliveries come again.
+      takeBack(batch.undo);
       if (await this.storeFailed(error, deliveries.length)) return deliveries.map(() => "retry");
       this.context.log.error("ingest.failed", {
         deliveries: deliveries.length,
@@ -419,14 +424,27 @@ export class Ingest {
    */
   async flush(): Promise<void> {
     const now = this.context.now();
-    await this.context.store.events.recordMany([
-      ...this.refusals.due(now),
-      ...this.outcomesDue(now.getTime()),
-    ]);
+    const undo: TakeBack = [];
+    const events = [...this.refusals.due(now, undo), ...this.outcomesDue(now.getTime(), undo)];
+    try {
+      await this.context.store.events.recordMany(events);
+    } catch (error) {
+      takeBack(undo);
+      throw error;
+    }
     if (this.seen.size === 0) return;
-    const batch = new Map([...this.seen].map(([node, at]) => [node, new Date(at).toISOString()]));
+    const taken = [...this.seen];
     this.seen.clear();
-    await this.context.store.nodes.touch(batch);
+    try {
+      await this.context.store.nodes.touch(
+        new Map(taken.map(([node, at]) => [node, new Date(at).toISOString()])),
+      );
+    } catch (error) {
+      // Written at the next flush, unless the node spoke later meanwhile.
+      for (const [node, at] of taken)
+        if (!((this.seen.get(node) ?? Number.NEGATIVE_INFINITY) >= at)) this.seen.set(node, at);
+      throw error;
+    }
   }
 
   /** Logs a failed or refused account and adds its event to `events`. */
@@ -444,7 +462,7 @@ export class Ingest {
    * The changes of outcome held back in windows that have ended, told now; the nodes told nothing for a whole window
    * are forgotten, so what is remembered is bounded by the nodes failing now.
    */
-  private outcomesDue(nowMs: number): MeshEvent[] {
+  private outcomesDue(nowMs: number, undo: TakeBack): MeshEvent[] {
     const events: MeshEvent[] = [];
     for (const [node, told] of this.outcomes) {
       if (nowMs - told.toldAt < refusalWindowMs) continue;
@@ -453,7 +471,7 @@ export class Ingest {
         continue;
       }
       this.tellOutcome(events, told.held.event, told.held.changes);
-      this.outcomes.set(node, { toldAt: nowMs });
+      setUndoably(this.outcomes, node, { toldAt: nowMs }, undo);
     }
     return events;
   }
@@ -583,23 +601,24 @@ export class Ingest {
       // (a node retrying a failed item reports it each time), nor at every turn of a node flipping between failed
       // and refused. A change held back is told when its minute is over, unless the node applied the declaration
       // meanwhile. What one node can add to the trail is bounded by what it was sent and by the clock.
+      // Each change to what was told is undone should the batch not be kept (`setUndoably`).
       const nowMs = batch.at.getTime();
+      const told = this.outcomes.get(node);
       if (report.outcome === "applied") {
-        const told = this.outcomes.get(node);
-        if (told !== undefined) told.held = undefined;
+        if (told?.held !== undefined) setUndoably(this.outcomes, node, { toldAt: told.toldAt }, batch.undo);
       } else {
         batch.counters.push({ node, name: `declarations_${report.outcome}`, by: 1 });
-        const told = this.outcomes.get(node);
         const event = outcomeEvent(node, report, now);
         if (before === undefined || !sameDeclaration(before, account)) {
-          this.outcomes.set(node, { toldAt: nowMs });
+          setUndoably(this.outcomes, node, { toldAt: nowMs }, batch.undo);
           this.tellOutcome(batch.events, event);
         } else if (before.outcome !== account.outcome) {
           if (told === undefined || nowMs - told.toldAt >= refusalWindowMs) {
-            this.outcomes.set(node, { toldAt: nowMs });
+            setUndoably(this.outcomes, node, { toldAt: nowMs }, batch.undo);
             this.tellOutcome(batch.events, event);
           } else {
-            told.held = { event, changes: (told.held?.changes ?? 0) + 1 };
+            const held = { event, changes: (told.held?.changes ?? 0) + 1 };
+            setUndoably(this.outcomes, node, { toldAt: told.toldAt, held }, batch.undo);
           }
         }
       }
@@ -609,7 +628,7 @@ export class Ingest {
         // A drift is an event, at most one a minute per node: what a node can add to the trail stays bounded.
         const last = this.driftToldAt.get(node);
         if (last === undefined || nowMs - last >= refusalWindowMs) {
-          this.driftToldAt.set(node, nowMs);
+          setUndoably(this.driftToldAt, node, nowMs, batch.undo);
           // Each entry bounded as a reason is, its id cut first: an item's id alone may be kilobytes long.
           const items = drifted
             .slice(0, 10)
@@ -688,7 +707,7 @@ export class Ingest {
     counter = `${kind}_refused`,
   ): void {
     batch.counters.push({ node, name: counter, by: 1 });
-    const event = this.refusals.note({ node, kind, reason, detail: { counter } }, batch.at);
+    const event = this.refusals.note({ node, kind, reason, detail: { counter } }, batch.at, batch.undo);
     if (event !== undefined) batch.events.push(event);
   }
 }
@@ -804,6 +823,8 @@ class Batch {
   readonly seen = new Map<string, number>();
   /** What each node's latest alive says it holds. */
   readonly holds = new Map<string, { epoch: number; sequence: number }>();
+  /** Undoes what judging the batch told (refusals, outcomes, drifts), should the batch not be kept. */
+  readonly undo: TakeBack = [];
 
   constructor(readonly at: Date) {}
 
@@ -873,4 +894,16 @@ class Answers {
     }
     return receipts;
   }
+}
+
+/** Sets `key` to `value`; the step in `undo` sets it back to what it was, unless it was changed again since. */
+function setUndoably<K, V>(map: Map<K, V>, key: K, value: V, undo: TakeBack): void {
+  const had = map.has(key);
+  const previous = map.get(key);
+  map.set(key, value);
+  undo.push(() => {
+    if (map.get(key) !== value) return;
+    if (had) map.set(key, previous as V);
+    else map.delete(key);
+  });
 }

@@ -3,6 +3,9 @@
  * node's counters); it is told — one log line and one event row — at most once a window (a minute) per node and
  * kind, with how many came since it was last told and the latest reason, cut to a bounded length. One node sending
  * garbage as fast as it can costs the log and the audit trail one line and one row a minute, not one per message.
+ * What the ledger noted is only as good as the store's keeping of it: a caller whose transaction fails takes its
+ * notes back (`TakeBack`), so a refusal told in an event the store never kept is told again, not passed over for
+ * the rest of its window.
  */
 import { boundText } from "../link/index.js";
 import type { Logger } from "../log.js";
@@ -33,6 +36,17 @@ interface Window {
 /** The default window: a refusal of one kind from one node is told at most once a minute. */
 export const refusalWindowMs = 60_000;
 
+/**
+ * What a caller noted while it wrote a transaction, undone should the transaction fail: each step changes back only
+ * what is still as the note left it (another caller may have moved on since).
+ */
+export type TakeBack = Array<() => void>;
+
+/** Undoes the steps, the last first. */
+export function takeBack(steps: TakeBack): void {
+  for (const step of steps.splice(0).reverse()) step();
+}
+
 export class RefusalLedger {
   private readonly windows = new Map<string, Window>();
 
@@ -43,33 +57,52 @@ export class RefusalLedger {
 
   /**
    * Notes one refusal at `at`. Returns the event to keep when this refusal is told now (the first of its node and
-   * kind in a window), or undefined when it is only counted until the window ends.
+   * kind in a window), or undefined when it is only counted until the window ends. The step that takes the note
+   * back goes into `undo`.
    */
-  note(refusal: Refusal, at: Date): MeshEvent | undefined {
+  note(refusal: Refusal, at: Date, undo?: TakeBack): MeshEvent | undefined {
     const key = `${refusal.kind}\n${refusal.node}`;
     const now = at.getTime();
     const window = this.windows.get(key);
     if (window !== undefined && now - window.toldAt < this.windowMs) {
       window.untold += 1;
       window.latest = refusal;
+      undo?.push(() => {
+        if (this.windows.get(key) === window && window.untold > 0) window.untold -= 1;
+      });
       return undefined;
     }
     const refusals = 1 + (window?.untold ?? 0);
-    this.windows.set(key, {
+    const opened: Window = {
       node: refusal.node,
       kind: refusal.kind,
       toldAt: now,
       untold: 0,
       latest: refusal,
+    };
+    this.windows.set(key, opened);
+    // Not told after all: the window before stands again, with what was counted in this one since; with none
+    // before, what was counted since is told at the next look (`due`).
+    undo?.push(() => {
+      if (this.windows.get(key) !== opened) return;
+      if (window !== undefined) {
+        window.untold += opened.untold;
+        this.windows.set(key, window);
+      } else if (opened.untold === 0) {
+        this.windows.delete(key);
+      } else {
+        opened.toldAt = Number.NEGATIVE_INFINITY;
+      }
     });
     return this.tell(refusal, refusals, at);
   }
 
   /**
    * Tells the refusals held back in windows that have ended, and forgets the nodes that have been quiet for a
-   * whole window (so what is remembered is bounded by the nodes refusing now). Returns the events to keep.
+   * whole window (so what is remembered is bounded by the nodes refusing now). Returns the events to keep; the steps
+   * that take their telling back go into `undo`.
    */
-  due(at: Date): MeshEvent[] {
+  due(at: Date, undo?: TakeBack): MeshEvent[] {
     const now = at.getTime();
     const events: MeshEvent[] = [];
     for (const [key, window] of this.windows) {
@@ -78,9 +111,15 @@ export class RefusalLedger {
         this.windows.delete(key);
         continue;
       }
-      events.push(this.tell(window.latest, window.untold, at));
+      const { toldAt, untold } = window;
+      events.push(this.tell(window.latest, untold, at));
       window.toldAt = now;
       window.untold = 0;
+      undo?.push(() => {
+        if (this.windows.get(key) !== window || window.toldAt !== now) return;
+        window.toldAt = toldAt;
+        window.untold += untold;
+      });
     }
     return events;
   }

@@ -10,7 +10,8 @@ import { TokenRefused } from "../errors.js";
 import { assertNodeName, boundText, encodeToken } from "../link/index.js";
 import type { Store, TokenRecord } from "../store/index.js";
 import { tokenStatus } from "../store/index.js";
-import type { RefusalLedger } from "./refusals.js";
+import type { RefusalLedger, TakeBack } from "./refusals.js";
+import { takeBack } from "./refusals.js";
 import { brokerUserOf, currentRevocations } from "./revocations.js";
 
 export interface IssuedToken {
@@ -97,6 +98,7 @@ export async function spendToken(
   const refuse = async (reason: TokenRefusalReason): Promise<never> => {
     // The id is the presenter's text: kept only when it has the shape of an id, so it cannot fill the trail.
     const detail = { token: boundText(presented.id, 64), presented_for: presented.node };
+    const undo: TakeBack = [];
     const event =
       refusals === undefined
         ? {
@@ -106,8 +108,16 @@ export async function spendToken(
             epoch: null,
             detail: { ...detail, reason },
           }
-        : refusals.note({ node: presented.node, kind: "token", reason, detail }, now);
-    if (event !== undefined) await store.events.record(event);
+        : refusals.note({ node: presented.node, kind: "token", reason, detail }, now, undo);
+    if (event !== undefined) {
+      try {
+        await store.events.record(event);
+      } catch (error) {
+        // Not kept: told again at the next refusal.
+        takeBack(undo);
+        throw error;
+      }
+    }
     throw new TokenRefused(reason);
   };
   // The comparison runs even for an unknown id, so its timing says nothing about which ids exist.

@@ -10,7 +10,8 @@ import type { BrokerIdentities } from "../../src/bus/index.js";
 import type { EnrolmentContext } from "../../src/control/enrolment.js";
 import { answerEnrolment } from "../../src/control/enrolment.js";
 import { RefusalLedger } from "../../src/control/refusals.js";
-import { issueToken } from "../../src/control/tokens.js";
+import { issueToken, spendToken } from "../../src/control/tokens.js";
+import { TokenRefused } from "../../src/errors.js";
 import { loadOrCreateSigningKey } from "../../src/keys/index.js";
 import { decodeToken, encodeMessage } from "../../src/link/index.js";
 import { createLogger } from "../../src/log.js";
@@ -21,17 +22,15 @@ import { tempDir } from "../support/tmp.js";
 const log = createLogger({ write: () => undefined });
 const fingerprint = `SHA256:${"B".repeat(43)}`;
 
-/** The store, but inside its transactions the audit trail refuses to record a node's enrolment. */
-function failingEnrolmentEvents(store: Store): Store {
+/** The store, but its audit trail refuses to record events of `kind`, inside its transactions and out. */
+function failingEvents(store: Store, kind = "node.enrolled"): Store {
   const failing = (tx: Store): Store => {
     const events = Object.create(tx.events) as Store["events"];
     events.record = (event) =>
-      event.kind === "node.enrolled"
-        ? Promise.reject(new Error("the disk is full"))
-        : tx.events.record(event);
+      event.kind === kind ? Promise.reject(new Error("the disk is full")) : tx.events.record(event);
     return Object.assign(Object.create(tx) as Store, { events });
   };
-  return Object.assign(Object.create(store) as Store, {
+  return Object.assign(failing(store), {
     transaction: <T>(work: (tx: Store) => Promise<T>) => store.transaction((tx) => work(failing(tx))),
   });
 }
@@ -83,8 +82,65 @@ for (const backend of storeBackends) {
       return JSON.parse(new TextDecoder().decode(answer.reply)) as { accepted: boolean; reason?: string };
     }
 
+    test("enrolment — a refusal whose event the store did not keep is told at the next one, not a minute later", async () => {
+      const refusals = new RefusalLedger(log);
+      const malformed = (on: Store) =>
+        answerEnrolment(
+          {
+            store: on,
+            broker,
+            signing: loadOrCreateSigningKey(dir.path),
+            log,
+            refusals,
+            now: () => new Date(),
+            resendLatest: () => Promise.resolve(),
+            revokeSoon: () => undefined,
+            tokenSpent: () => undefined,
+            enrolled: () => undefined,
+          },
+          { node: "tx-bad", body: new TextEncoder().encode("{nope") },
+        );
+      const told = async () =>
+        (await store.events.list({ limit: 10, node: "tx-bad" })).filter(
+          (event) => event.kind === "enrol.refused",
+        );
+      await assert.rejects(malformed(failingEvents(store, "enrol.refused")), /the disk is full/);
+      assert.deepEqual(await told(), []);
+      assert.deepEqual(await store.counters.of("tx-bad"), {}, "nor counted: the transaction did not commit");
+      const answer = JSON.parse(new TextDecoder().decode((await malformed(store)).reply)) as {
+        accepted: boolean;
+      };
+      assert.equal(answer.accepted, false);
+      assert.deepEqual(
+        (await told()).map((event) => event.detail.refusals),
+        [1],
+        "told when it came again, as the refusal it is",
+      );
+      assert.deepEqual(await store.counters.of("tx-bad"), { enrol_refused: 1 });
+    });
+
+    test("enrolment — a token refusal whose event the store did not keep is told at the next one", async () => {
+      const refusals = new RefusalLedger(log);
+      const presented = { id: "tok_000000000000", secret: "wrong", node: "tx-thief" };
+      const told = async () =>
+        (await store.events.list({ limit: 10, node: "tx-thief" })).filter(
+          (event) => event.kind === "token.refused",
+        );
+      await assert.rejects(
+        spendToken(failingEvents(store, "token.refused"), presented, new Date(), refusals),
+        /the disk is full/,
+      );
+      assert.deepEqual(await told(), []);
+      await assert.rejects(spendToken(store, presented, new Date(), refusals), TokenRefused);
+      assert.deepEqual(
+        (await told()).map((event) => event.detail.reason),
+        ["unknown"],
+        "told when it came again",
+      );
+    });
+
     test("enrolment — a failure half way leaves the node as it was", async () => {
-      const answer = await enrol(failingEnrolmentEvents(store), "tx-1");
+      const answer = await enrol(failingEvents(store), "tx-1");
       assert.equal(answer.accepted, false);
       assert.match(answer.reason ?? "", /enrolment failed on the control plane/);
       const record = await store.nodes.get("tx-1");
@@ -97,7 +153,7 @@ for (const backend of storeBackends) {
       const first = (await store.nodes.get("tx-2"))?.brokerUser;
       assert.ok(first !== null && first !== undefined);
 
-      assert.equal((await enrol(failingEnrolmentEvents(store), "tx-2")).accepted, false);
+      assert.equal((await enrol(failingEvents(store), "tx-2")).accepted, false);
       assert.equal((await store.nodes.get("tx-2"))?.brokerUser, first, "still its identity");
       assert.equal(await store.revokedIdentities.nodeOf(first), undefined, "and not refused");
 

@@ -4,6 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
+import { sql } from "kysely";
 import type { ControlBus, ControlDelivery } from "../../src/bus/index.js";
 import type { IngestContext } from "../../src/control/ingest.js";
 import { Ingest } from "../../src/control/ingest.js";
@@ -12,7 +13,7 @@ import { emptyDigest, encodeMessage } from "../../src/link/index.js";
 import type { Store } from "../../src/store/index.js";
 import { openStore } from "../../src/store/index.js";
 import { reportOfNothing } from "../support/reports.js";
-import { enrolled, keptParts, storeBackends } from "../support/stores.js";
+import { enrolled, keptParts, rawStoreDb, storeBackends } from "../support/stores.js";
 
 /** What ingest sends back: receipts only, in these cases; anything else it tried to send fails the test. */
 const receipts: Array<{ node: string; receipt: unknown }> = [];
@@ -305,6 +306,99 @@ for (const backend of storeBackends) {
         `${Buffer.byteLength(entries[0] ?? "")} bytes kept`,
       );
       assert.ok(entries[0]?.startsWith("file:/ddd"), "what is kept begins as the item's id does");
+    });
+
+    test("ingest — what a batch told is told again when the store did not keep it: refusals, outcomes, drifts, and what a flush tells", async () => {
+      const db = rawStoreDb(location.url);
+      /** The store refuses every new event (a disk full, a table broken), so nothing with one commits. */
+      const refuseEvents = async (refusing: boolean) => {
+        if (backend.name === "sqlite") {
+          await sql
+            .raw(
+              refusing
+                ? "CREATE TRIGGER refuse_events BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'the disk is full (test)'); END"
+                : "DROP TRIGGER refuse_events",
+            )
+            .execute(db);
+        } else if (refusing) {
+          await sql
+            .raw(
+              "CREATE FUNCTION refuse_events() RETURNS trigger LANGUAGE plpgsql AS " +
+                "$$ BEGIN RAISE EXCEPTION 'the disk is full (test)'; END $$",
+            )
+            .execute(db);
+          await sql
+            .raw(
+              "CREATE TRIGGER refuse_events BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_events()",
+            )
+            .execute(db);
+        } else {
+          await sql.raw("DROP TRIGGER refuse_events ON events").execute(db);
+          await sql.raw("DROP FUNCTION refuse_events()").execute(db);
+        }
+      };
+      try {
+        await enrol("untold-1", clock);
+        const failedLines: string[] = [];
+        const own = ingestOn(receiptOnlyBus, {
+          log: createLogger({ write: (line) => failedLines.push(line), pretty: false }),
+        });
+        const kinds = async () =>
+          (await store.events.list({ limit: 100, node: "untold-1" })).map((event) => event.kind).sort();
+        const failed = { ...report("untold-1", 1), outcome: "failed", reason: "disk" };
+        assert.equal(await own.handle(delivery("report", "untold-1", failed)), "done");
+        assert.deepEqual(await kinds(), ["declaration.failed"]);
+        // A minute on: the outcome changes (told at once), an item drifted, and a report that is no report at all.
+        clock = new Date(clock.getTime() + 61_000);
+        const changed = {
+          ...report("untold-1", 2),
+          outcome: "refused",
+          reason: "no room",
+          items: [{ id: "file:/etc/motd", state: "applied", drift: "changed by hand" }],
+        };
+        const batch = [delivery("report", "untold-1", changed), notJson("untold-1")];
+        await refuseEvents(true);
+        assert.deepEqual(await own.handleBatch(batch), ["retry", "retry"], "handed back: nothing of it kept");
+        assert.ok(
+          failedLines.some(
+            (line) => line.includes('"event":"ingest.failed"') && line.includes("the disk is full"),
+          ),
+          "the failure is told",
+        );
+        await refuseEvents(false);
+        // Handed back, the same deliveries come again a moment later, within the minute of what was told.
+        clock = new Date(clock.getTime() + 1000);
+        assert.deepEqual(await own.handleBatch(batch), ["done", "done"]);
+        assert.deepEqual(await kinds(), [
+          "declaration.failed",
+          "declaration.refused",
+          "node.drift",
+          "report.refused",
+        ]);
+        assert.deepEqual(await store.counters.of("untold-1"), {
+          declarations_failed: 1,
+          declarations_refused: 1,
+          drift_repaired: 1,
+          report_refused: 1,
+        });
+        // What a flush tells (a refusal counted in its window, told once the window is over) is told again too.
+        assert.equal(await own.handle(notJson("untold-1")), "done");
+        clock = new Date(clock.getTime() + 60_000);
+        await refuseEvents(true);
+        await assert.rejects(own.flush(), /the disk is full/);
+        await refuseEvents(false);
+        await own.flush();
+        const told = (await store.events.list({ limit: 100, node: "untold-1" })).filter(
+          (event) => event.kind === "report.refused",
+        );
+        assert.deepEqual(
+          told.map((event) => event.detail.refusals),
+          [1, 1],
+          "the refusal counted in the window, told once the store kept it",
+        );
+      } finally {
+        await db.destroy();
+      }
     });
 
     test("ingest — a batch is judged in arrival order, each report against those before it in the batch", async () => {

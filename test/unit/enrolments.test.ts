@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { describe, test } from "node:test";
+import SqliteDatabase from "better-sqlite3";
 import type { EnrolAnswer, EnrolRequest } from "../../src/bus/index.js";
 import type { EnrolmentContext } from "../../src/control/enrolment.js";
 import { Enrolments } from "../../src/control/enrolments.js";
@@ -140,6 +141,52 @@ describe("enrolments", () => {
       );
       assert.deepEqual(await store.counters.of("web-1"), {});
     } finally {
+      await store.close();
+      dir.remove();
+    }
+  });
+
+  test("enrolments — a busy refusal whose event the store did not keep is told at the next one", async () => {
+    const dir = tempDir("mesh-enrolments-");
+    const path = join(dir.path, "mesh.db");
+    const store = await openStore(`sqlite:${path}`, { historyLimit: 50 });
+    const raw = new SqliteDatabase(path);
+    const lines: string[] = [];
+    const log = createLogger({ write: (line) => lines.push(line), pretty: false });
+    const limited = { ...context, store, log, refusals: new RefusalLedger(log), now: () => new Date() };
+    try {
+      let release: () => void = () => undefined;
+      const enrolments = new Enrolments(
+        limited,
+        () => true,
+        () => new Promise<EnrolAnswer>((resolve) => (release = () => resolve(reply("ok")))),
+        { perNode: 1, bytes: 1000 },
+      );
+      const first = enrolments.answer(request("web-1"));
+      raw.exec(
+        "CREATE TRIGGER refuse_events BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'the disk is full (test)'); END",
+      );
+      await enrolments.answer(request("web-1"));
+      await enrolments.kept();
+      assert.ok(
+        lines.some(
+          (line) => line.includes('"event":"enrol.refusal_not_kept"') && line.includes("the disk is full"),
+        ),
+        "the event not kept is told",
+      );
+      raw.exec("DROP TRIGGER refuse_events");
+      await enrolments.answer(request("web-1"));
+      await enrolments.kept();
+      const kept = (await store.events.list({ limit: 10 })).filter((e) => e.kind === "enrol.refused");
+      assert.deepEqual(
+        kept.map((event) => event.detail.refusals),
+        [1],
+        "told by the next busy refusal, within the minute of the one not kept",
+      );
+      release();
+      assert.equal(new TextDecoder().decode((await first).reply), "ok");
+    } finally {
+      raw.close();
       await store.close();
       dir.remove();
     }

@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { RefusalLedger } from "../../src/control/refusals.js";
+import type { TakeBack } from "../../src/control/refusals.js";
+import { RefusalLedger, takeBack } from "../../src/control/refusals.js";
 import { boundText, fitsBytes, reasonMaxBytes } from "../../src/link/index.js";
 import { createLogger } from "../../src/log.js";
 
@@ -50,6 +51,78 @@ test("refusals — a refusal after the window, with refusals held back, is told 
     reason: "w",
     refusals: 3,
   });
+});
+
+test("refusals — a telling taken back (its event not kept) is told again: at the next refusal, with what the window counted", () => {
+  const { refusals } = ledger(1000);
+  const report = (reason: string) => ({ node: "web-1", kind: "report", reason });
+  // Told and kept; two more counted in its window.
+  assert.notEqual(refusals.note(report("a"), at(0)), undefined);
+  refusals.note(report("b"), at(10));
+  refusals.note(report("c"), at(20));
+  // The window over: told with the two, and that telling not kept, nor the refusal that caused it.
+  const failed: TakeBack = [];
+  assert.deepEqual(refusals.note(report("d"), at(1500), failed)?.detail, { reason: "d", refusals: 3 });
+  takeBack(failed);
+  assert.equal(failed.length, 0, "the steps are spent");
+  // The refusal comes again (its message handed back): told at once, with the two still untold, and counted once.
+  assert.deepEqual(refusals.note(report("d"), at(1600))?.detail, { reason: "d", refusals: 3 });
+  assert.equal(refusals.note(report("e"), at(1700)), undefined, "then counted for the window, as before");
+});
+
+test("refusals — a first telling taken back leaves nothing behind; one only counted is uncounted", () => {
+  const { refusals } = ledger(1000);
+  const alive = (reason: string) => ({ node: "web-2", kind: "alive", reason });
+  const failed: TakeBack = [];
+  assert.notEqual(refusals.note(alive("a"), at(0), failed), undefined);
+  assert.equal(refusals.note(alive("b"), at(5), failed), undefined);
+  takeBack(failed);
+  assert.deepEqual(refusals.due(at(5000)), [], "nothing counted is left to tell");
+  assert.deepEqual(
+    refusals.note(alive("a"), at(10))?.detail,
+    { reason: "a", refusals: 1 },
+    "told at once again",
+  );
+  // Counted within a kept window, then taken back: the window's telling says one, not two.
+  const counted: TakeBack = [];
+  assert.equal(refusals.note(alive("b"), at(20), counted), undefined);
+  takeBack(counted);
+  refusals.note(alive("c"), at(30));
+  assert.deepEqual(
+    refusals.due(at(1010)).map((event) => event.detail),
+    [{ reason: "c", refusals: 1 }],
+  );
+});
+
+test("refusals — the window's telling at its end taken back is told at the next look", () => {
+  const { refusals } = ledger(1000);
+  const enrol = (reason: string) => ({ node: "web-3", kind: "enrol", reason });
+  refusals.note(enrol("a"), at(0));
+  refusals.note(enrol("b"), at(10));
+  const failed: TakeBack = [];
+  assert.deepEqual(
+    refusals.due(at(1000), failed).map((event) => event.detail),
+    [{ reason: "b", refusals: 1 }],
+  );
+  takeBack(failed);
+  assert.deepEqual(
+    refusals.due(at(1100)).map((event) => event.detail),
+    [{ reason: "b", refusals: 1 }],
+    "told at the next look",
+  );
+  refusals.note(enrol("c"), at(1200));
+  refusals.note(enrol("d"), at(1300));
+  const again: TakeBack = [];
+  assert.deepEqual(
+    refusals.due(at(2100), again).map((event) => event.detail),
+    [{ reason: "d", refusals: 2 }],
+  );
+  takeBack(again);
+  assert.deepEqual(
+    refusals.note(enrol("e"), at(2200))?.detail,
+    { reason: "e", refusals: 3 },
+    "or at the next refusal, with the ones it did not tell",
+  );
 });
 
 test("refusals — the reason kept and logged is bounded, whatever the node sent", () => {
