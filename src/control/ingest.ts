@@ -441,8 +441,10 @@ export class Ingest {
       );
     } catch (error) {
       // Written at the next flush, unless the node spoke later meanwhile.
-      for (const [node, at] of taken)
-        if (!((this.seen.get(node) ?? Number.NEGATIVE_INFINITY) >= at)) this.seen.set(node, at);
+      for (const [node, at] of taken) {
+        const later = this.seen.get(node);
+        if (later === undefined || later < at) this.seen.set(node, at);
+      }
       throw error;
     }
   }

@@ -310,33 +310,31 @@ for (const backend of storeBackends) {
 
     test("ingest — what a batch told is told again when the store did not keep it: refusals, outcomes, drifts, and what a flush tells", async () => {
       const db = rawStoreDb(location.url);
-      /** The store refuses every new event (a disk full, a table broken), so nothing with one commits. */
-      const refuseEvents = async (refusing: boolean) => {
-        if (backend.name === "sqlite") {
-          await sql
-            .raw(
-              refusing
-                ? "CREATE TRIGGER refuse_events BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'the disk is full (test)'); END"
-                : "DROP TRIGGER refuse_events",
-            )
-            .execute(db);
-        } else if (refusing) {
-          await sql
-            .raw(
-              "CREATE FUNCTION refuse_events() RETURNS trigger LANGUAGE plpgsql AS " +
-                "$$ BEGIN RAISE EXCEPTION 'the disk is full (test)'; END $$",
-            )
-            .execute(db);
-          await sql
-            .raw(
-              "CREATE TRIGGER refuse_events BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_events()",
-            )
-            .execute(db);
-        } else {
-          await sql.raw("DROP TRIGGER refuse_events ON events").execute(db);
-          await sql.raw("DROP FUNCTION refuse_events()").execute(db);
-        }
+      /** The store refuses every write of `write` to `table` (a disk full, a table broken): what makes one fails. */
+      const refuseWrites = async (
+        table: "events" | "nodes",
+        write: "INSERT" | "UPDATE",
+        refusing: boolean,
+      ) => {
+        const trigger = `refuse_${table}`;
+        const statements =
+          backend.name === "sqlite"
+            ? refusing
+              ? [
+                  `CREATE TRIGGER ${trigger} BEFORE ${write} ON ${table} ` +
+                    "BEGIN SELECT RAISE(ABORT, 'the disk is full (test)'); END",
+                ]
+              : [`DROP TRIGGER ${trigger}`]
+            : refusing
+              ? [
+                  `CREATE FUNCTION ${trigger}() RETURNS trigger LANGUAGE plpgsql AS ` +
+                    "$$ BEGIN RAISE EXCEPTION 'the disk is full (test)'; END $$",
+                  `CREATE TRIGGER ${trigger} BEFORE ${write} ON ${table} FOR EACH ROW EXECUTE FUNCTION ${trigger}()`,
+                ]
+              : [`DROP TRIGGER ${trigger} ON ${table}`, `DROP FUNCTION ${trigger}()`];
+        for (const statement of statements) await sql.raw(statement).execute(db);
       };
+      const refuseEvents = (refusing: boolean) => refuseWrites("events", "INSERT", refusing);
       try {
         await enrol("untold-1", clock);
         const failedLines: string[] = [];
@@ -396,6 +394,15 @@ for (const backend of storeBackends) {
           [1, 1],
           "the refusal counted in the window, told once the store kept it",
         );
+        // And the times nodes spoke, written at a flush the store failed, are written at the next.
+        const spokeAt = new Date(clock.getTime() - 500);
+        const alive = { kind: "alive", node: "untold-1", sent_at: spokeAt.toISOString() };
+        assert.equal(await own.handle(delivery("alive", "untold-1", alive, spokeAt)), "done");
+        await refuseWrites("nodes", "UPDATE", true);
+        await assert.rejects(own.flush(), /the disk is full/);
+        await refuseWrites("nodes", "UPDATE", false);
+        await own.flush();
+        assert.equal((await store.nodes.get("untold-1"))?.lastSeen, spokeAt.toISOString());
       } finally {
         await db.destroy();
       }
