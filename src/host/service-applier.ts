@@ -694,24 +694,37 @@ class Supervision {
 }
 
 /** Signals the process group, then SIGKILL after the grace; resolves once the process is gone. */
+/**
+ * Stops a service as a unit, its whole process group: `signal` to the group, and the stop is over once every process
+ * of it is gone, not only the one that leads it (a child that ignores the signal would otherwise outlive the service,
+ * holding its ports and files, reparented and forgotten). Whatever is left when the grace is over is killed.
+ */
 async function stopRun(run: Run, signal: StopSignal, graceMs: number, killWaitMs: number): Promise<void> {
-  if (run.isOver) return;
+  // A leader gone before the stop may have left its group behind: that is stopped the same way.
+  if (run.isOver && groupMembers(run.pid).length === 0) return;
   // An adopted pid is signalled only while it is still the process that was recorded.
-  if (run.adopted && processState(run.pid, run.startTicks) === "gone") return;
+  if (run.adopted && !run.isOver && processState(run.pid, run.startTicks) === "gone") return;
   signalGroup(run.pid, signal);
-  if (await endsWithin(run, graceMs)) return;
+  const signalledAt = performance.now();
+  if ((await endsWithin(run, graceMs)) && (await groupLeftBy(run.pid, signalledAt + graceMs)).length === 0)
+    return;
   signalGroup(run.pid, "SIGKILL");
   const killedAt = performance.now();
   if (!(await endsWithin(run, killWaitMs)))
     throw new Refusal(`pid ${run.pid} was still there ${killWaitMs} ms after SIGKILL`);
   // The rest of its group dies of the same SIGKILL, a moment later on a busy machine: the stop is over once it has.
+  const left = await groupLeftBy(run.pid, killedAt + killWaitMs);
+  if (left.length > 0)
+    throw new Refusal(
+      `pids ${left.join(", ")} of ${run.pid}'s group were still there ${killWaitMs} ms after SIGKILL`,
+    );
+}
+
+/** Waits until process group `group` has no live process, or `deadline` (monotonic ms) passes: what is left then. */
+async function groupLeftBy(group: number, deadline: number): Promise<number[]> {
   for (;;) {
-    const left = groupMembers(run.pid);
-    if (left.length === 0) return;
-    if (performance.now() - killedAt >= killWaitMs)
-      throw new Refusal(
-        `pids ${left.join(", ")} of ${run.pid}'s group were still there ${killWaitMs} ms after SIGKILL`,
-      );
+    const left = groupMembers(group);
+    if (left.length === 0 || performance.now() >= deadline) return left;
     await new Promise((resolve) => setTimeout(resolve, 10));
   }
 }

@@ -284,6 +284,28 @@ void describe("service applier", () => {
     assert.equal(recordOf(stateDir, "stubborn"), undefined);
   });
 
+  void test("service applier — a child that ignores SIGTERM is killed once the grace is over, though its leader ended at once", async () => {
+    const { stateDir, applier } = freshCase();
+    // The shell ends at SIGTERM; the sleep it started ignores it (an ignored signal stays ignored across exec).
+    const item = service("leaves-child", ["/bin/sh", "-c", '(trap "" TERM; exec sleep 1000) & wait'], {
+      stop_grace_ms: 300,
+    });
+    const pid = pidOf((await applier.apply([item]))[0]);
+    await eventually("sleep started under sh", () => (groupMembers(pid).length >= 2 ? true : undefined));
+    const child = groupMembers(pid).find((member) => member !== pid);
+    assert.ok(child !== undefined);
+    const stoppingAt = Date.now();
+    assert.deepEqual(await applier.apply([]), []);
+    assert.ok(
+      Date.now() - stoppingAt >= 300,
+      "stopped before the grace was over: the child was not waited for",
+    );
+    assert.equal(isRunning(pid), false);
+    assert.equal(isRunning(child), false, "the child outlived the service");
+    assert.deepEqual(groupMembers(pid), []);
+    assert.equal(recordOf(stateDir, "leaves-child"), undefined);
+  });
+
   void test("service applier — a new applier adopts the running process, and restarts it when it dies", async () => {
     const { stateDir, applier: first } = freshCase();
     const item = sleeper("adopted");
