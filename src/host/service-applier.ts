@@ -407,6 +407,8 @@ class Supervision {
   private restarts = 0;
   private backoffMs: number;
   private launching: Promise<void> | undefined;
+  /** The stopping of what the run that ended last left of its process group; a restart or a stop waits for it. */
+  private leftovers: Promise<void> = Promise.resolve();
 
   private constructor(
     private readonly host: Host,
@@ -528,6 +530,7 @@ class Supervision {
   /** Stops the service gracefully (its stop signal, then SIGKILL after the grace) and supervises it no more. */
   async stop(): Promise<void> {
     await this.launching;
+    await this.leftovers;
     const phase = this.phase;
     this.phase = { kind: "stopping" };
     if (phase.kind === "waiting") clearTimeout(phase.timer);
@@ -651,6 +654,7 @@ class Supervision {
     } catch (error) {
       this.host.log.error("service.record_failed", { service: name, error: errorText(error) });
     }
+    this.leftovers = this.stopLeftovers(run);
     if (!restartsAfter(restart, ending)) {
       this.phase = { kind: "down", ending };
       return;
@@ -660,12 +664,36 @@ class Supervision {
     const pause = this.backoffMs;
     this.backoffMs = Math.min(this.backoffMs * 2, this.host.settings.backoffMaxMs);
     const timer = setTimeout(() => {
-      if (this.phase.kind !== "waiting") return;
-      this.restarts += 1;
-      void this.launch();
+      void this.leftovers.then(() => {
+        if (this.phase.kind !== "waiting") return;
+        this.restarts += 1;
+        void this.launch();
+      });
     }, pause).unref();
     const until = new Date(this.host.settings.now().getTime() + pause);
     this.phase = { kind: "waiting", ending, until, timer };
+  }
+
+  /**
+   * Stops what an ended run left of its process group (children it started, ignoring that it ended), as a stop
+   * would: the service is the whole group, and the next run must not find the last one's processes holding its
+   * ports and files.
+   */
+  private async stopLeftovers(run: Run): Promise<void> {
+    const left = groupMembers(run.pid);
+    if (left.length === 0) return;
+    const { name } = this.item;
+    this.host.log.warn("service.left_behind", { service: name, pid: run.pid, pids: left.slice(0, 10) });
+    try {
+      await stopRun(
+        run,
+        this.item.stop_signal ?? "SIGTERM",
+        this.item.stop_grace_ms ?? defaultStopGraceMs,
+        this.host.settings.killWaitMs,
+      );
+    } catch (error) {
+      this.host.log.error("service.left_behind_not_stopped", { service: name, error: errorText(error) });
+    }
   }
 
   private writeRecord(run: Run, ended?: Ending): void {
@@ -693,7 +721,6 @@ class Supervision {
   }
 }
 
-/** Signals the process group, then SIGKILL after the grace; resolves once the process is gone. */
 /**
  * Stops a service as a unit, its whole process group: `signal` to the group, and the stop is over once every process
  * of it is gone, not only the one that leads it (a child that ignores the signal would otherwise outlive the service,

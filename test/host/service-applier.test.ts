@@ -306,6 +306,25 @@ void describe("service applier", () => {
     assert.equal(recordOf(stateDir, "leaves-child"), undefined);
   });
 
+  void test("service applier — what an ended run left of its group is stopped before the service starts again", async () => {
+    const { stateDir, applier } = freshCase();
+    const children = join(stateDir, "children");
+    // Each run starts a child that ignores SIGTERM, then fails: the child outlives it unless it is stopped.
+    const item = service(
+      "crashes",
+      ["/bin/sh", "-c", `(trap "" TERM; exec sleep 1000) & echo $! >> ${children}; sleep 0.2; exit 3`],
+      { stop_grace_ms: 300 },
+    );
+    const pid = pidOf((await applier.apply([item]))[0]);
+    const restarted = await restartedFrom(stateDir, "crashes", pid);
+    const first = Number(readFileSync(children, "utf8").split("\n")[0]);
+    assert.ok(first > 0, "the first run's child was started");
+    assert.equal(isRunning(first), false, "the first run's child outlived it into the next run");
+    assert.deepEqual(groupMembers(pid), []);
+    await applier.apply([]);
+    assert.deepEqual(groupMembers(restarted.pid), [], "nor does the last one's outlive the service");
+  });
+
   void test("service applier — a new applier adopts the running process, and restarts it when it dies", async () => {
     const { stateDir, applier: first } = freshCase();
     const item = sleeper("adopted");
