@@ -298,6 +298,7 @@ export class ServiceApplier implements KindApplier {
       return Supervision.start(host, item, digest);
     }
     // It ended while no agent was watching (or before): the policy decides, as if this agent had seen it end.
+    if (sameBoot) await this.stopLeftBehind(record);
     if (sameBoot && record.digest === digest) {
       const ending = record.ended ?? { code: null, signal: null, at: record.started_at, known: false };
       if (!restartsAfter(item.restart, ending)) return Supervision.down(host, item, digest, ending);
@@ -321,10 +322,25 @@ export class ServiceApplier implements KindApplier {
         const run = new Run(record.pid, record.start_ticks, record.started_at, true);
         this.watch(run);
         await stopRun(run, record.stop_signal, record.stop_grace_ms, this.settings.killWaitMs);
+      } else if (record !== undefined && record.boot_id === this.bootId) {
+        await this.stopLeftBehind(record);
       }
     }
     forgetRecord(this.dirOf(name));
     this.log.info("service.removed", { service: name });
+  }
+
+  /**
+   * Stops what a recorded run of this boot that ended while no agent watched left of its process group
+   * (`leftBehind`), as a stop would.
+   */
+  private async stopLeftBehind(record: ServiceRecord): Promise<void> {
+    const left = leftBehind(record.pid, record.start_ticks);
+    if (left.length === 0) return;
+    this.log.warn("service.left_behind", { service: record.name, pid: record.pid, pids: left.slice(0, 10) });
+    const run = new Run(record.pid, record.start_ticks, record.started_at, true);
+    run.end(record.ended ?? { code: null, signal: null, at: record.started_at, known: false });
+    await stopRun(run, record.stop_signal, record.stop_grace_ms, this.settings.killWaitMs);
   }
 
   private driftOf(item: ServiceItem): string | undefined {
@@ -680,7 +696,7 @@ class Supervision {
    * ports and files.
    */
   private async stopLeftovers(run: Run): Promise<void> {
-    const left = groupMembers(run.pid);
+    const left = leftBehind(run.pid, run.startTicks);
     if (left.length === 0) return;
     const { name } = this.item;
     this.host.log.warn("service.left_behind", { service: name, pid: run.pid, pids: left.slice(0, 10) });
@@ -728,7 +744,7 @@ class Supervision {
  */
 async function stopRun(run: Run, signal: StopSignal, graceMs: number, killWaitMs: number): Promise<void> {
   // A leader gone before the stop may have left its group behind: that is stopped the same way.
-  if (run.isOver && groupMembers(run.pid).length === 0) return;
+  if (run.isOver && leftBehind(run.pid, run.startTicks).length === 0) return;
   // An adopted pid is signalled only while it is still the process that was recorded.
   if (run.adopted && !run.isOver && processState(run.pid, run.startTicks) === "gone") return;
   signalGroup(run.pid, signal);
@@ -754,6 +770,17 @@ async function groupLeftBy(group: number, deadline: number): Promise<number[]> {
     if (left.length === 0 || performance.now() >= deadline) return left;
     await new Promise((resolve) => setTimeout(resolve, 10));
   }
+}
+
+/**
+ * What is left of the process group a service's process led once that process ended: none when its pid names
+ * another process now (the group was gone, and the pid given again). While any process of the group lives, its id
+ * is given to no other process.
+ */
+function leftBehind(pid: number, startTicks: number): number[] {
+  const leader = readProcStat(pid);
+  if (leader.kind === "found" && leader.startTicks !== startTicks) return [];
+  return groupMembers(pid);
 }
 
 /** The live (not zombie) processes of process group `group`, as /proc says now. */

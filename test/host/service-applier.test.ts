@@ -325,6 +325,36 @@ void describe("service applier", () => {
     assert.deepEqual(groupMembers(restarted.pid), [], "nor does the last one's outlive the service");
   });
 
+  void test("service applier — what a run left of its group while no agent watched is stopped before the next agent starts it", async () => {
+    const { stateDir, applier: first } = freshCase();
+    const children = join(stateDir, "children");
+    const stop = join(stateDir, "stop");
+    // The first run's child ignores SIGTERM; the run itself fails once told to, with no agent watching then.
+    const item = service(
+      "unwatched",
+      [
+        "/bin/sh",
+        "-c",
+        `(trap "" TERM; exec sleep 1000) & echo $! >> ${children}; while [ ! -e ${stop} ]; do sleep 0.05; done; exit 3`,
+      ],
+      { stop_grace_ms: 300 },
+    );
+    const pid = pidOf((await first.apply([item]))[0]);
+    await eventually("the child started", () => (existsSync(children) ? true : undefined));
+    const child = Number(readFileSync(children, "utf8").split("\n")[0]);
+    await first.close();
+    writeFileSync(stop, "");
+    await eventually("the run ended", () => (isRunning(pid) ? undefined : true));
+    assert.ok(isRunning(child), "the child is left behind");
+
+    const second = applierOver(stateDir);
+    const [result] = await second.apply([item]);
+    assert.notEqual(pidOf(result), pid);
+    assert.equal(isRunning(child), false, "the child left behind outlived its run into the next");
+    assert.deepEqual(groupMembers(pid), []);
+    await second.apply([]);
+  });
+
   void test("service applier — a new applier adopts the running process, and restarts it when it dies", async () => {
     const { stateDir, applier: first } = freshCase();
     const item = sleeper("adopted");
