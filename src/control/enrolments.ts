@@ -79,12 +79,14 @@ export class Enrolments {
   private busy(node: string, reason: string): EnrolAnswer {
     const { refusals, store, now, log } = this.context;
     const undo: TakeBack = [];
-    const event = refusals.note({ node, kind: "enrol", reason }, now(), undo);
+    const refused = { node, kind: "enrol", reason };
+    const event = refusals.note(refused, now(), undo);
     if (event !== undefined) {
       this.keeping = this.keeping.then(() =>
         store.events.record(event).catch((error: unknown) => {
-          // Told again at the node's next refusal, or at the ledger's next look once its window is over.
+          // It came all the same (the joiner was answered): told with the node's next refusal, or at the next look.
           takeBack(undo);
+          refusals.untold(refused);
           log.error("enrol.refusal_not_kept", { node, error: errorText(error) });
         }),
       );

@@ -70,6 +70,12 @@ export interface IngestContext {
   receiptsSent?: (count: number) => void;
 }
 
+/** When a node's failed or refused account was last told, and the change of outcome held back since, if any. */
+interface OutcomeTold {
+  toldAt: number;
+  held?: { event: MeshEvent; changes: number };
+}
+
 /** A value read from the store, and until when it is taken as still true. */
 interface Remembered<T> {
   value: T;
@@ -87,10 +93,7 @@ export class Ingest {
    * Per node: when a failed or refused account of its was last told, and the change of outcome held back since, if
    * any (told once its minute is over, with how many changes came; see `reports`).
    */
-  private readonly outcomes = new Map<
-    string,
-    { toldAt: number; held?: { event: MeshEvent; changes: number } }
-  >();
+  private readonly outcomes = new Map<string, OutcomeTold>();
   private readonly enrolled = new Map<string, Remembered<NodeStanding>>();
   private readonly latestOrder = new Map<string, Remembered<LatestOrder | undefined>>();
   /**
@@ -425,13 +428,18 @@ export class Ingest {
   async flush(): Promise<void> {
     const now = this.context.now();
     const undo: TakeBack = [];
-    const events = [...this.refusals.due(now, undo), ...this.outcomesDue(now.getTime(), undo)];
+    const refusals = this.refusals.due(now, undo);
+    const outcomes = this.outcomesDue(now.getTime());
     try {
-      await this.context.store.events.recordMany(events);
+      await this.context.store.events.recordMany([...refusals, ...outcomes.map(({ event }) => event)]);
     } catch (error) {
       takeBack(undo);
       throw error;
     }
+    // Kept: each node's minute starts again, unless a batch changed its outcome meanwhile (what that batch holds back
+    // then counts the changes told here too, and is told in its turn: told again, never lost).
+    for (const { node, told } of outcomes)
+      if (this.outcomes.get(node) === told) this.outcomes.set(node, { toldAt: now.getTime() });
     if (this.seen.size === 0) return;
     const taken = [...this.seen];
     this.seen.clear();
@@ -449,33 +457,33 @@ export class Ingest {
     }
   }
 
-  /** Logs a failed or refused account and adds its event to `events`. */
-  private tellOutcome(events: MeshEvent[], event: MeshEvent, changes?: number): void {
+  /** Logs a failed or refused account; returns its event, with how many changes it stands for when held back. */
+  private tellOutcome(event: MeshEvent, changes?: number): MeshEvent {
     const detail = event.detail as { reason: string };
-    events.push(changes === undefined ? event : { ...event, detail: { ...event.detail, changes } });
     this.context.log.warn(`node.${event.kind.replace(".", "_")}`, {
       node: event.node,
       reason: detail.reason,
       ...(changes === undefined ? {} : { changes }),
     });
+    return changes === undefined ? event : { ...event, detail: { ...event.detail, changes } };
   }
 
   /**
-   * The changes of outcome held back in windows that have ended, told now; the nodes told nothing for a whole window
-   * are forgotten, so what is remembered is bounded by the nodes failing now.
+   * The changes of outcome held back in windows that have ended, to tell now, each beside what was remembered of its
+   * node (marked told once the event is kept); the nodes told nothing for a whole window are forgotten, so what is
+   * remembered is bounded by the nodes failing now.
    */
-  private outcomesDue(nowMs: number, undo: TakeBack): MeshEvent[] {
-    const events: MeshEvent[] = [];
+  private outcomesDue(nowMs: number): Array<{ node: string; told: OutcomeTold; event: MeshEvent }> {
+    const due: Array<{ node: string; told: OutcomeTold; event: MeshEvent }> = [];
     for (const [node, told] of this.outcomes) {
       if (nowMs - told.toldAt < refusalWindowMs) continue;
       if (told.held === undefined) {
         this.outcomes.delete(node);
         continue;
       }
-      this.tellOutcome(events, told.held.event, told.held.changes);
-      setUndoably(this.outcomes, node, { toldAt: nowMs }, undo);
+      due.push({ node, told, event: this.tellOutcome(told.held.event, told.held.changes) });
     }
-    return events;
+    return due;
   }
 
   private alive(batch: Batch, node: string, body: Uint8Array, spokeAt: number): void {
@@ -613,11 +621,11 @@ export class Ingest {
         const event = outcomeEvent(node, report, now);
         if (before === undefined || !sameDeclaration(before, account)) {
           setUndoably(this.outcomes, node, { toldAt: nowMs }, batch.undo);
-          this.tellOutcome(batch.events, event);
+          batch.events.push(this.tellOutcome(event));
         } else if (before.outcome !== account.outcome) {
           if (told === undefined || nowMs - told.toldAt >= refusalWindowMs) {
             setUndoably(this.outcomes, node, { toldAt: nowMs }, batch.undo);
-            this.tellOutcome(batch.events, event);
+            batch.events.push(this.tellOutcome(event));
           } else {
             const held = { event, changes: (told.held?.changes ?? 0) + 1 };
             setUndoably(this.outcomes, node, { toldAt: told.toldAt, held }, batch.undo);

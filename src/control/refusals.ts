@@ -98,6 +98,27 @@ export class RefusalLedger {
   }
 
   /**
+   * Counts a refusal that came (its answer went) but whose telling the store did not keep, once that telling is taken
+   * back: it is told with the next refusal of its node and kind, or at the next look (`due`), whichever comes first.
+   */
+  untold(refusal: Refusal): void {
+    const key = `${refusal.kind}\n${refusal.node}`;
+    const window = this.windows.get(key);
+    if (window === undefined) {
+      this.windows.set(key, {
+        node: refusal.node,
+        kind: refusal.kind,
+        toldAt: Number.NEGATIVE_INFINITY,
+        untold: 1,
+        latest: refusal,
+      });
+      return;
+    }
+    window.untold += 1;
+    window.toldAt = Number.NEGATIVE_INFINITY;
+  }
+
+  /**
    * Tells the refusals held back in windows that have ended, and forgets the nodes that have been quiet for a
    * whole window (so what is remembered is bounded by the nodes refusing now). Returns the events to keep; the steps
    * that take their telling back go into `undo`.

@@ -330,17 +330,11 @@ export class ServiceApplier implements KindApplier {
     this.log.info("service.removed", { service: name });
   }
 
-  /**
-   * Stops what a recorded run of this boot that ended while no agent watched left of its process group
-   * (`leftBehind`), as a stop would.
-   */
+  /** Stops what a recorded run of this boot that ended while no agent watched left of its process group. */
   private async stopLeftBehind(record: ServiceRecord): Promise<void> {
-    const left = leftBehind(record.pid, record.start_ticks);
-    if (left.length === 0) return;
-    this.log.warn("service.left_behind", { service: record.name, pid: record.pid, pids: left.slice(0, 10) });
     const run = new Run(record.pid, record.start_ticks, record.started_at, true);
     run.end(record.ended ?? { code: null, signal: null, at: record.started_at, known: false });
-    await stopRun(run, record.stop_signal, record.stop_grace_ms, this.settings.killWaitMs);
+    await stopLeftBehind(run, record, this.settings.killWaitMs, this.log, record.name);
   }
 
   private driftOf(item: ServiceItem): string | undefined {
@@ -546,13 +540,14 @@ class Supervision {
   /** Stops the service gracefully (its stop signal, then SIGKILL after the grace) and supervises it no more. */
   async stop(): Promise<void> {
     await this.launching;
-    await this.leftovers;
     const phase = this.phase;
     this.phase = { kind: "stopping" };
     if (phase.kind === "waiting") clearTimeout(phase.timer);
+    // What the run before left of its group goes too (a restart waiting on it no longer comes).
+    await this.leftovers;
     if (phase.kind === "running") {
-      const grace = this.item.stop_grace_ms ?? defaultStopGraceMs;
-      await stopRun(phase.run, this.item.stop_signal ?? "SIGTERM", grace, this.host.settings.killWaitMs);
+      const { stop_signal, stop_grace_ms } = this.stopWith;
+      await stopRun(phase.run, stop_signal, stop_grace_ms, this.host.settings.killWaitMs);
       this.host.log.info("service.stopped", { service: this.item.name, pid: phase.run.pid });
     }
   }
@@ -577,9 +572,11 @@ class Supervision {
     }
   }
 
+  /** Starts a run, once what the run before left of its process group is stopped. */
   private launch(): Promise<void> {
     this.phase = { kind: "starting" };
-    this.launching = this.spawnRun()
+    this.launching = this.leftovers
+      .then(() => this.spawnRun())
       .then((run) => {
         // Let go of while it started (the agent is closing): it runs on, recorded, for the next agent to adopt.
         if (this.phase.kind !== "released") this.follow(run);
@@ -670,7 +667,7 @@ class Supervision {
     } catch (error) {
       this.host.log.error("service.record_failed", { service: name, error: errorText(error) });
     }
-    this.leftovers = this.stopLeftovers(run);
+    this.leftovers = stopLeftBehind(run, this.stopWith, this.host.settings.killWaitMs, this.host.log, name);
     if (!restartsAfter(restart, ending)) {
       this.phase = { kind: "down", ending };
       return;
@@ -680,36 +677,20 @@ class Supervision {
     const pause = this.backoffMs;
     this.backoffMs = Math.min(this.backoffMs * 2, this.host.settings.backoffMaxMs);
     const timer = setTimeout(() => {
-      void this.leftovers.then(() => {
-        if (this.phase.kind !== "waiting") return;
-        this.restarts += 1;
-        void this.launch();
-      });
+      if (this.phase.kind !== "waiting") return;
+      this.restarts += 1;
+      void this.launch();
     }, pause).unref();
     const until = new Date(this.host.settings.now().getTime() + pause);
     this.phase = { kind: "waiting", ending, until, timer };
   }
 
-  /**
-   * Stops what an ended run left of its process group (children it started, ignoring that it ended), as a stop
-   * would: the service is the whole group, and the next run must not find the last one's processes holding its
-   * ports and files.
-   */
-  private async stopLeftovers(run: Run): Promise<void> {
-    const left = leftBehind(run.pid, run.startTicks);
-    if (left.length === 0) return;
-    const { name } = this.item;
-    this.host.log.warn("service.left_behind", { service: name, pid: run.pid, pids: left.slice(0, 10) });
-    try {
-      await stopRun(
-        run,
-        this.item.stop_signal ?? "SIGTERM",
-        this.item.stop_grace_ms ?? defaultStopGraceMs,
-        this.host.settings.killWaitMs,
-      );
-    } catch (error) {
-      this.host.log.error("service.left_behind_not_stopped", { service: name, error: errorText(error) });
-    }
+  /** How this service is stopped: its signal, and the grace before SIGKILL. */
+  private get stopWith(): { stop_signal: StopSignal; stop_grace_ms: number } {
+    return {
+      stop_signal: this.item.stop_signal ?? "SIGTERM",
+      stop_grace_ms: this.item.stop_grace_ms ?? defaultStopGraceMs,
+    };
   }
 
   private writeRecord(run: Run, ended?: Ending): void {
@@ -720,8 +701,7 @@ class Supervision {
       boot_id: this.host.bootId,
       digest: this.digest,
       started_at: run.startedAt,
-      stop_signal: this.item.stop_signal ?? "SIGTERM",
-      stop_grace_ms: this.item.stop_grace_ms ?? defaultStopGraceMs,
+      ...this.stopWith,
       ...(ended === undefined ? {} : { ended }),
     };
     mkdirSync(this.dir, { recursive: true, mode: 0o700 });
@@ -743,17 +723,17 @@ class Supervision {
  * holding its ports and files, reparented and forgotten). Whatever is left when the grace is over is killed.
  */
 async function stopRun(run: Run, signal: StopSignal, graceMs: number, killWaitMs: number): Promise<void> {
-  // A leader gone before the stop may have left its group behind: that is stopped the same way.
-  if (run.isOver && leftBehind(run.pid, run.startTicks).length === 0) return;
-  // An adopted pid is signalled only while it is still the process that was recorded.
-  if (run.adopted && !run.isOver && processState(run.pid, run.startTicks) === "gone") return;
-  signalGroup(run.pid, signal);
+  // A leader gone (ended, or adopted and no longer there) may have left its group behind: that is stopped the same
+  // way, signalled as a group only (its own pid may name another process by now).
+  const leaderGone = run.isOver || (run.adopted && processState(run.pid, run.startTicks) === "gone");
+  if (leaderGone && leftBehind(run.pid, run.startTicks).length === 0) return;
+  signalGroup(run.pid, signal, leaderGone);
   const signalledAt = performance.now();
-  if ((await endsWithin(run, graceMs)) && (await groupLeftBy(run.pid, signalledAt + graceMs)).length === 0)
-    return;
-  signalGroup(run.pid, "SIGKILL");
+  const leaderEnded = leaderGone || (await endsWithin(run, graceMs));
+  if (leaderEnded && (await groupLeftBy(run.pid, signalledAt + graceMs)).length === 0) return;
+  signalGroup(run.pid, "SIGKILL", leaderGone);
   const killedAt = performance.now();
-  if (!(await endsWithin(run, killWaitMs)))
+  if (!leaderGone && !(await endsWithin(run, killWaitMs)))
     throw new Refusal(`pid ${run.pid} was still there ${killWaitMs} ms after SIGKILL`);
   // The rest of its group dies of the same SIGKILL, a moment later on a busy machine: the stop is over once it has.
   const left = await groupLeftBy(run.pid, killedAt + killWaitMs);
@@ -763,12 +743,38 @@ async function stopRun(run: Run, signal: StopSignal, graceMs: number, killWaitMs
     );
 }
 
-/** Waits until process group `group` has no live process, or `deadline` (monotonic ms) passes: what is left then. */
+/**
+ * Stops what `run`'s process group holds once its leader ended (`leftBehind`), as a stop would, and says so. Never
+ * rejects: a failure is logged, and what waits on it goes on.
+ */
+async function stopLeftBehind(
+  run: Run,
+  stopWith: { stop_signal: StopSignal; stop_grace_ms: number },
+  killWaitMs: number,
+  log: Logger,
+  service: string,
+): Promise<void> {
+  try {
+    const left = leftBehind(run.pid, run.startTicks);
+    if (left.length === 0) return;
+    log.warn("service.left_behind", { service, pid: run.pid, pids: left.slice(0, 10) });
+    await stopRun(run, stopWith.stop_signal, stopWith.stop_grace_ms, killWaitMs);
+  } catch (error) {
+    log.error("service.left_behind_not_stopped", { service, pid: run.pid, error: errorText(error) });
+  }
+}
+
+/**
+ * Waits until process group `group` has no live process, or `deadline` (monotonic ms) passes: what is left then.
+ * Looked at often at first (most groups end within milliseconds of their signal), then every 200 ms.
+ */
 async function groupLeftBy(group: number, deadline: number): Promise<number[]> {
-  for (;;) {
+  for (let pauseMs = 10; ; pauseMs = Math.min(pauseMs * 2, 200)) {
     const left = groupMembers(group);
     if (left.length === 0 || performance.now() >= deadline) return left;
-    await new Promise((resolve) => setTimeout(resolve, 10));
+    await new Promise((resolve) =>
+      setTimeout(resolve, Math.min(pauseMs, Math.max(1, deadline - performance.now()))),
+    );
   }
 }
 
@@ -811,9 +817,12 @@ async function endsWithin(run: Run, ms: number): Promise<boolean> {
   return ended;
 }
 
-/** Sends `signal` to the process group the service leads; to the process alone when it left that group. */
-function signalGroup(pid: number, signal: NodeJS.Signals): void {
-  for (const target of [-pid, pid]) {
+/**
+ * Sends `signal` to the process group the service leads; to the process alone when it left that group, unless
+ * `groupOnly` (its leader is gone, and its pid may name another process by now).
+ */
+function signalGroup(pid: number, signal: NodeJS.Signals, groupOnly = false): void {
+  for (const target of groupOnly ? [-pid] : [-pid, pid]) {
     try {
       process.kill(target, signal);
       return;

@@ -325,6 +325,32 @@ void describe("service applier", () => {
     assert.deepEqual(groupMembers(restarted.pid), [], "nor does the last one's outlive the service");
   });
 
+  void test("service applier — a service removed while what its last run left is being stopped stays removed", async () => {
+    const { stateDir, applier } = freshCase({ backoffInitialMs: 50 });
+    const children = join(stateDir, "children");
+    // Its restart comes due while the last run's child, ignoring SIGTERM, is waited for: then it is removed.
+    const item = service(
+      "removed-mid",
+      ["/bin/sh", "-c", `(trap "" TERM; exec sleep 1000) & echo $! >> ${children}; sleep 0.1; exit 3`],
+      { restart: "always", stop_grace_ms: 1000 },
+    );
+    pidOf((await applier.apply([item]))[0]);
+    await eventually("the first run ended", () =>
+      recordOf(stateDir, "removed-mid")?.ended !== undefined ? true : undefined,
+    );
+    // Past its restart's pause (50 ms), within the child's grace (1 s).
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    assert.deepEqual(await applier.apply([]), []);
+    assert.equal(recordOf(stateDir, "removed-mid"), undefined);
+    const started = () => readFileSync(children, "utf8").trim().split("\n").map(Number);
+    const before = started();
+    for (const child of before) assert.equal(isRunning(child), false, `child ${child} outlived the service`);
+    // Nothing starts it again: a restart that was due is gone with it (a slow machine can only make this pass late).
+    await new Promise((resolve) => setTimeout(resolve, 2_000));
+    assert.equal(recordOf(stateDir, "removed-mid"), undefined, "started again after it was removed");
+    assert.deepEqual(started(), before);
+  });
+
   void test("service applier — what a run left of its group while no agent watched is stopped before the next agent starts it", async () => {
     const { stateDir, applier: first } = freshCase();
     const children = join(stateDir, "children");

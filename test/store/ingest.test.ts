@@ -403,7 +403,30 @@ for (const backend of storeBackends) {
         await refuseWrites("nodes", "UPDATE", false);
         await own.flush();
         assert.equal((await store.nodes.get("untold-1"))?.lastSeen, spokeAt.toISOString());
+        // A change of outcome held back within its minute, told at a flush the store failed: told at the next.
+        clock = new Date(clock.getTime() + 61_000);
+        const failedAgain = { ...report("untold-1", 3), outcome: "failed", reason: "disk again" };
+        const refusedAgain = { ...report("untold-1", 4), outcome: "refused", reason: "no room again" };
+        assert.equal(await own.handle(delivery("report", "untold-1", failedAgain)), "done");
+        assert.equal(await own.handle(delivery("report", "untold-1", refusedAgain)), "done");
+        clock = new Date(clock.getTime() + 60_000);
+        await refuseEvents(true);
+        await assert.rejects(own.flush(), /the disk is full/);
+        await refuseEvents(false);
+        await own.flush();
+        const held = (await store.events.list({ limit: 100, node: "untold-1" })).filter(
+          (event) => event.kind === "declaration.refused" && event.detail.changes !== undefined,
+        );
+        assert.deepEqual(
+          held.map((event) => event.detail),
+          [{ reason: "no room again", sequence: 0, changes: 1 }],
+        );
       } finally {
+        // Left by a failed assertion, a trigger would fail the tests after this one.
+        for (const table of ["events", "nodes"]) {
+          const on = backend.name === "sqlite" ? "" : ` ON ${table}`;
+          await sql.raw(`DROP TRIGGER IF EXISTS refuse_${table}${on}`).execute(db);
+        }
         await db.destroy();
       }
     });

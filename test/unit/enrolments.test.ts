@@ -180,8 +180,8 @@ describe("enrolments", () => {
       const kept = (await store.events.list({ limit: 10 })).filter((e) => e.kind === "enrol.refused");
       assert.deepEqual(
         kept.map((event) => event.detail.refusals),
-        [1],
-        "told by the next busy refusal, within the minute of the one not kept",
+        [2],
+        "told by the next busy refusal, within the minute of the one not kept, and with it",
       );
       release();
       assert.equal(new TextDecoder().decode((await first).reply), "ok");

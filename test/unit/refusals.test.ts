@@ -125,6 +125,19 @@ test("refusals — the window's telling at its end taken back is told at the nex
   );
 });
 
+test("refusals — one that came but whose telling was lost is told at the next look, or with the next refusal", () => {
+  const { refusals } = ledger(1000);
+  const busy = { node: "web-4", kind: "enrol", reason: "busy" };
+  refusals.untold(busy);
+  assert.deepEqual(
+    refusals.due(at(0)).map((event) => event.detail),
+    [{ reason: "busy", refusals: 1 }],
+  );
+  // Within the window of that telling: told with the next refusal all the same.
+  refusals.untold(busy);
+  assert.deepEqual(refusals.note(busy, at(10))?.detail, { reason: "busy", refusals: 2 });
+});
+
 test("refusals — the reason kept and logged is bounded, whatever the node sent", () => {
   const { refusals, lines } = ledger();
   const event = refusals.note({ node: "web-1", kind: "report", reason: "é".repeat(10_000) }, at(0));
