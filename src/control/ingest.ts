@@ -149,8 +149,8 @@ export class Ingest {
   /**
    * Deliveries in the order they arrived, handled as that order says, with everything they change written in one
    * transaction. Receipts go out only once it has committed; until then nothing is acknowledged. A failure of our
-   * own (the store is down) hands the whole batch back for redelivery, where a report already kept is taken again
-   * quietly.
+   * own before it is kept (the store is down) hands the whole batch back for redelivery, where a report already kept
+   * is taken again quietly; once kept, it is done, whatever fails after.
    */
   async handleBatch(deliveries: readonly ControlDelivery[]): Promise<DeliveryOutcome[]> {
     const batch = new Batch(this.context.now());
@@ -182,10 +182,6 @@ export class Ingest {
         const known = this.seen.get(node);
         if (known === undefined || known < spokeAt) this.seen.set(node, spokeAt);
       }
-      this.unsent.take(batch.answers);
-      await this.sendReceipts(false, batch.reportedAt);
-      await this.catchUp(batch.holds);
-      return deliveries.map(() => "done");
     } catch (error) {
       // Handed back before it was kept: what it told is untold again, and told when its deliveries come again.
       takeBack(batch.undo);
@@ -197,6 +193,20 @@ export class Ingest {
       });
       return deliveries.map(() => "retry");
     }
+    // Kept: from here nothing hands the batch back, which would count its refusals again. A node whose receipt is
+    // not sent sends its report again; one not sent its latest declaration again says it is behind in its next alive.
+    try {
+      this.unsent.take(batch.answers);
+      await this.sendReceipts(false, batch.reportedAt);
+      await this.catchUp(batch.holds);
+    } catch (error) {
+      this.context.log.warn("ingest.answers_failed", {
+        deliveries: deliveries.length,
+        error: errorText(error),
+        note: "the batch is kept; its nodes ask again",
+      });
+    }
+    return deliveries.map(() => "done");
   }
 
   private async storeFailed(error: unknown, handedBack: number): Promise<boolean> {

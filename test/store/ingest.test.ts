@@ -694,6 +694,45 @@ for (const backend of storeBackends) {
       }
     });
 
+    test("ingest — a batch kept is done though sending a declaration again failed after it: never handed back to be counted twice", async () => {
+      await enrol("lag-2", clock);
+      const said: string[] = [];
+      const brokerGone = busDoing("publishDeclaration", () =>
+        Promise.reject(new Error("the broker is gone (test)")),
+      );
+      const catching = ingestOn(brokerGone, {
+        rememberForMs: 0,
+        log: createLogger({ write: (line) => said.push(line), pretty: false }),
+      });
+      await store.nodes.nextDeclarationSequences(["lag-2"]);
+      await store.declarations.recordMany([
+        {
+          node: "lag-2",
+          sequence: 1,
+          epoch: 1,
+          issuedAt: clock.toISOString(),
+          digest: emptyDigest,
+          ...keptParts(),
+          units: [],
+        },
+      ]);
+      clock = new Date(clock.getTime() + 5000);
+      const behind = delivery("alive", "lag-2", {
+        kind: "alive",
+        node: "lag-2",
+        sent_at: clock.toISOString(),
+        holds: { epoch: 0, sequence: 0 },
+      });
+      assert.deepEqual(await catching.handleBatch([notJson("lag-2"), behind]), ["done", "done"]);
+      assert.deepEqual(await store.counters.of("lag-2"), { report_refused: 1 });
+      assert.ok(
+        said.some(
+          (line) => line.includes('"event":"ingest.answers_failed"') && line.includes("the broker is gone"),
+        ),
+        said.join("\n"),
+      );
+    });
+
     test("ingest — a node behind its latest declaration is sent it again only once it had time to take it", async () => {
       await enrol("lag-1", clock);
       const resent: string[] = [];
