@@ -74,6 +74,21 @@ for (const backend of storeBackends) {
       receivedAt: clock,
     });
     const report = (node: string, reportSequence: number) => reportOfNothing(node, reportSequence, clock);
+    /** Records `node`'s first declaration, issued now (as a roll-out leaves the store). */
+    const firstDeclared = async (node: string) => {
+      await store.nodes.nextDeclarationSequences([node]);
+      await store.declarations.recordMany([
+        {
+          node,
+          sequence: 1,
+          epoch: 1,
+          issuedAt: clock.toISOString(),
+          digest: emptyDigest,
+          ...keptParts(),
+          units: [],
+        },
+      ]);
+    };
 
     test("ingest — last_seen is when the broker received the alive, not when it was processed", async () => {
       // Enrolled a minute ago, spoke 40 s ago, heard only now.
@@ -704,18 +719,7 @@ for (const backend of storeBackends) {
         rememberForMs: 0,
         log: createLogger({ write: (line) => said.push(line), pretty: false }),
       });
-      await store.nodes.nextDeclarationSequences(["lag-2"]);
-      await store.declarations.recordMany([
-        {
-          node: "lag-2",
-          sequence: 1,
-          epoch: 1,
-          issuedAt: clock.toISOString(),
-          digest: emptyDigest,
-          ...keptParts(),
-          units: [],
-        },
-      ]);
+      await firstDeclared("lag-2");
       clock = new Date(clock.getTime() + 5000);
       const behind = delivery("alive", "lag-2", {
         kind: "alive",
@@ -741,18 +745,7 @@ for (const backend of storeBackends) {
         return Promise.resolve();
       });
       const catching = ingestOn(resendBus, { rememberForMs: 0 });
-      await store.nodes.nextDeclarationSequences(["lag-1"]);
-      await store.declarations.recordMany([
-        {
-          node: "lag-1",
-          sequence: 1,
-          epoch: 1,
-          issuedAt: clock.toISOString(),
-          digest: emptyDigest,
-          ...keptParts(),
-          units: [],
-        },
-      ]);
+      await firstDeclared("lag-1");
       const aliveHolding = (sequence: number) =>
         delivery("alive", "lag-1", {
           kind: "alive",
