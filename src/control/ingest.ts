@@ -118,6 +118,9 @@ export class Ingest {
   private readonly answeredAt = new Map<string, number>();
   private receiptTimer: NodeJS.Timeout | undefined;
   private closed = false;
+  /** The flush under way, and the one waiting for it (`flush`). */
+  private flushing: Promise<void> | undefined;
+  private flushNext: Promise<void> | undefined;
 
   constructor(private readonly context: IngestContext) {
     this.refusals = context.refusals ?? new RefusalLedger(context.log);
@@ -433,9 +436,27 @@ export class Ingest {
 
   /**
    * Writes the batched `last_seen` times, and tells the refusals and the changes of outcome held back in windows that
-   * have ended.
+   * have ended. One flush at a time (what one tells is marked told only once kept, so two side by side would tell it
+   * twice): one asked for while another runs waits for it, and those asked for meanwhile share that one.
    */
-  async flush(): Promise<void> {
+  flush(): Promise<void> {
+    if (this.flushing === undefined) {
+      const flushing = this.flushOnce().finally(() => {
+        if (this.flushing === flushing) this.flushing = undefined;
+      });
+      this.flushing = flushing;
+      return flushing;
+    }
+    const next = () => {
+      this.flushNext = undefined;
+      return this.flush();
+    };
+    // The failure of the one under way is its own caller's to tell: this one runs after it either way.
+    this.flushNext ??= this.flushing.then(next, next);
+    return this.flushNext;
+  }
+
+  private async flushOnce(): Promise<void> {
     const now = this.context.now();
     const undo: TakeBack = [];
     const refusals = this.refusals.due(now, undo);

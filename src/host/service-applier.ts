@@ -419,6 +419,8 @@ class Supervision {
   private launching: Promise<void> | undefined;
   /** The stopping of what the run that ended last left of its process group; a restart or a stop waits for it. */
   private leftovers: Promise<void> = Promise.resolve();
+  /** Set once a stop is asked for: a start still waiting on the leftovers then starts nothing. */
+  private stopAsked = false;
 
   private constructor(
     private readonly host: Host,
@@ -539,6 +541,7 @@ class Supervision {
 
   /** Stops the service gracefully (its stop signal, then SIGKILL after the grace) and supervises it no more. */
   async stop(): Promise<void> {
+    this.stopAsked = true;
     await this.launching;
     const phase = this.phase;
     this.phase = { kind: "stopping" };
@@ -576,10 +579,11 @@ class Supervision {
   private launch(): Promise<void> {
     this.phase = { kind: "starting" };
     this.launching = this.leftovers
-      .then(() => this.spawnRun())
+      // Stopped or let go of while the leftovers were stopped: nothing is started.
+      .then(() => (this.stopAsked || this.phase.kind === "released" ? undefined : this.spawnRun()))
       .then((run) => {
         // Let go of while it started (the agent is closing): it runs on, recorded, for the next agent to adopt.
-        if (this.phase.kind !== "released") this.follow(run);
+        if (run !== undefined && this.phase.kind !== "released") this.follow(run);
       })
       .catch((error: unknown) => {
         const reason = reasonOf(error, this.item.name);
@@ -731,7 +735,12 @@ async function stopRun(run: Run, signal: StopSignal, graceMs: number, killWaitMs
   const signalledAt = performance.now();
   const leaderEnded = leaderGone || (await endsWithin(run, graceMs));
   if (leaderEnded && (await groupLeftBy(run.pid, signalledAt + graceMs)).length === 0) return;
-  signalGroup(run.pid, "SIGKILL", leaderGone);
+  // Its leader may have ended during the grace too (an adopted one is not this agent's child: its pid is free then).
+  signalGroup(
+    run.pid,
+    "SIGKILL",
+    leaderGone || run.isOver || processState(run.pid, run.startTicks) === "gone",
+  );
   const killedAt = performance.now();
   if (!leaderGone && !(await endsWithin(run, killWaitMs)))
     throw new Refusal(`pid ${run.pid} was still there ${killWaitMs} ms after SIGKILL`);

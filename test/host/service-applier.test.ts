@@ -325,31 +325,44 @@ void describe("service applier", () => {
     assert.deepEqual(groupMembers(restarted.pid), [], "nor does the last one's outlive the service");
   });
 
-  void test("service applier — a service removed while what its last run left is being stopped stays removed", async () => {
-    const { stateDir, applier } = freshCase({ backoffInitialMs: 50 });
-    const children = join(stateDir, "children");
-    // Its restart comes due while the last run's child, ignoring SIGTERM, is waited for: then it is removed.
-    const item = service(
-      "removed-mid",
-      ["/bin/sh", "-c", `(trap "" TERM; exec sleep 1000) & echo $! >> ${children}; sleep 0.1; exit 3`],
-      { restart: "always", stop_grace_ms: 1000 },
-    );
-    pidOf((await applier.apply([item]))[0]);
-    await eventually("the first run ended", () =>
-      recordOf(stateDir, "removed-mid")?.ended !== undefined ? true : undefined,
-    );
-    // Past its restart's pause (50 ms), within the child's grace (1 s).
-    await new Promise((resolve) => setTimeout(resolve, 400));
-    assert.deepEqual(await applier.apply([]), []);
-    assert.equal(recordOf(stateDir, "removed-mid"), undefined);
-    const started = () => readFileSync(children, "utf8").trim().split("\n").map(Number);
-    const before = started();
-    for (const child of before) assert.equal(isRunning(child), false, `child ${child} outlived the service`);
-    // Nothing starts it again: a restart that was due is gone with it (a slow machine can only make this pass late).
-    await new Promise((resolve) => setTimeout(resolve, 2_000));
-    assert.equal(recordOf(stateDir, "removed-mid"), undefined, "started again after it was removed");
-    assert.deepEqual(started(), before);
-  });
+  for (const ending of ["removed", "let go of"] as const) {
+    void test(`service applier — a service ${ending} while what its last run left is being stopped is not started again`, async () => {
+      const { stateDir, applier } = freshCase({ backoffInitialMs: 50 });
+      const runs = join(stateDir, "runs");
+      const children = join(stateDir, "children");
+      // Each run says it started, starts a child that ignores SIGTERM and fails: its restart comes due (50 ms) while
+      // the child is waited for (3 s), and then the service is removed, or the agent closes.
+      const item = service(
+        "ends-mid",
+        [
+          "/bin/sh",
+          "-c",
+          `echo $$ >> ${runs}; (trap "" TERM; exec sleep 1000) & echo $! >> ${children}; sleep 0.1; exit 3`,
+        ],
+        { restart: "always", stop_grace_ms: 3_000 },
+      );
+      pidOf((await applier.apply([item]))[0]);
+      await eventually("the first run ended", () =>
+        recordOf(stateDir, "ends-mid")?.ended !== undefined ? true : undefined,
+      );
+      const lines = (file: string) => readFileSync(file, "utf8").trim().split("\n").map(Number);
+      // Past its restart's pause, within the child's grace (a slow machine can only make this test pass late).
+      await new Promise((resolve) => setTimeout(resolve, 400));
+      const startedBefore = lines(runs);
+      if (ending === "removed") {
+        assert.deepEqual(await applier.apply([]), []);
+        assert.equal(recordOf(stateDir, "ends-mid"), undefined);
+        assert.deepEqual(lines(runs), startedBefore, "started again while it was being removed");
+        for (const child of lines(children))
+          assert.equal(isRunning(child), false, `child ${child} outlived the service`);
+      } else {
+        await applier.close();
+      }
+      // Nor later: the restart that was due is gone with it.
+      await new Promise((resolve) => setTimeout(resolve, 4_000));
+      assert.deepEqual(lines(runs), startedBefore, `started again after it was ${ending}`);
+    });
+  }
 
   void test("service applier — what a run left of its group while no agent watched is stopped before the next agent starts it", async () => {
     const { stateDir, applier: first } = freshCase();

@@ -446,6 +446,18 @@ for (const backend of storeBackends) {
       }
     });
 
+    test("ingest — flushes asked for side by side tell a change held back once", async () => {
+      await enrol("side-1", clock);
+      const failed = { ...report("side-1", 1), outcome: "failed", reason: "first" };
+      const refused = { ...report("side-1", 2), outcome: "refused", reason: "then" };
+      assert.equal(await ingest.handle(delivery("report", "side-1", failed)), "done");
+      assert.equal(await ingest.handle(delivery("report", "side-1", refused)), "done");
+      clock = new Date(clock.getTime() + 60_000);
+      await Promise.all([ingest.flush(), ingest.flush(), ingest.flush()]);
+      const told = (await store.events.list({ limit: 10, node: "side-1" })).map((event) => event.kind);
+      assert.deepEqual(told.sort(), ["declaration.failed", "declaration.refused"]);
+    });
+
     test("ingest — a batch is judged in arrival order, each report against those before it in the batch", async () => {
       await enrol("ba1", clock);
       await enrol("ba2", clock);
