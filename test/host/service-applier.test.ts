@@ -67,6 +67,20 @@ function applierOver(stateDir: string, options: Partial<ServiceApplierOptions> =
   return applier;
 }
 
+/**
+ * A service's command that (after `before`, if any) starts a child ignoring SIGTERM (an ignored signal stays ignored
+ * across exec), appends the child's pid to `children`, then runs `then`.
+ */
+function leavingChild(children: string, then: string, before?: string): [string, ...string[]] {
+  const start = `(trap "" TERM; exec sleep 1000) & echo $! >> ${children}; ${then}`;
+  return ["/bin/sh", "-c", before === undefined ? start : `${before}; ${start}`];
+}
+
+/** The pids a service's runs appended to `file`, one a line. */
+function pidsIn(file: string): number[] {
+  return readFileSync(file, "utf8").trim().split("\n").map(Number);
+}
+
 function service(
   name: string,
   command: [string, ...string[]],
@@ -310,14 +324,10 @@ void describe("service applier", () => {
     const { stateDir, applier } = freshCase();
     const children = join(stateDir, "children");
     // Each run starts a child that ignores SIGTERM, then fails: the child outlives it unless it is stopped.
-    const item = service(
-      "crashes",
-      ["/bin/sh", "-c", `(trap "" TERM; exec sleep 1000) & echo $! >> ${children}; sleep 0.2; exit 3`],
-      { stop_grace_ms: 300 },
-    );
+    const item = service("crashes", leavingChild(children, "sleep 0.2; exit 3"), { stop_grace_ms: 300 });
     const pid = pidOf((await applier.apply([item]))[0]);
     const restarted = await restartedFrom(stateDir, "crashes", pid);
-    const first = Number(readFileSync(children, "utf8").split("\n")[0]);
+    const [first = 0] = pidsIn(children);
     assert.ok(first > 0, "the first run's child was started");
     assert.equal(isRunning(first), false, "the first run's child outlived it into the next run");
     assert.deepEqual(groupMembers(pid), []);
@@ -332,35 +342,29 @@ void describe("service applier", () => {
       const children = join(stateDir, "children");
       // Each run says it started, starts a child that ignores SIGTERM and fails: its restart comes due (50 ms) while
       // the child is waited for (3 s), and then the service is removed, or the agent closes.
-      const item = service(
-        "ends-mid",
-        [
-          "/bin/sh",
-          "-c",
-          `echo $$ >> ${runs}; (trap "" TERM; exec sleep 1000) & echo $! >> ${children}; sleep 0.1; exit 3`,
-        ],
-        { restart: "always", stop_grace_ms: 3_000 },
-      );
+      const item = service("ends-mid", leavingChild(children, "sleep 0.1; exit 3", `echo $$ >> ${runs}`), {
+        restart: "always",
+        stop_grace_ms: 3_000,
+      });
       pidOf((await applier.apply([item]))[0]);
       await eventually("the first run ended", () =>
         recordOf(stateDir, "ends-mid")?.ended !== undefined ? true : undefined,
       );
-      const lines = (file: string) => readFileSync(file, "utf8").trim().split("\n").map(Number);
       // Past its restart's pause, within the child's grace (a slow machine can only make this test pass late).
       await new Promise((resolve) => setTimeout(resolve, 400));
-      const startedBefore = lines(runs);
+      const startedBefore = pidsIn(runs);
       if (ending === "removed") {
         assert.deepEqual(await applier.apply([]), []);
         assert.equal(recordOf(stateDir, "ends-mid"), undefined);
-        assert.deepEqual(lines(runs), startedBefore, "started again while it was being removed");
-        for (const child of lines(children))
+        assert.deepEqual(pidsIn(runs), startedBefore, "started again while it was being removed");
+        for (const child of pidsIn(children))
           assert.equal(isRunning(child), false, `child ${child} outlived the service`);
       } else {
         await applier.close();
       }
       // Nor later: the restart that was due is gone with it.
       await new Promise((resolve) => setTimeout(resolve, 4_000));
-      assert.deepEqual(lines(runs), startedBefore, `started again after it was ${ending}`);
+      assert.deepEqual(pidsIn(runs), startedBefore, `started again after it was ${ending}`);
     });
   }
 
@@ -371,16 +375,12 @@ void describe("service applier", () => {
     // The first run's child ignores SIGTERM; the run itself fails once told to, with no agent watching then.
     const item = service(
       "unwatched",
-      [
-        "/bin/sh",
-        "-c",
-        `(trap "" TERM; exec sleep 1000) & echo $! >> ${children}; while [ ! -e ${stop} ]; do sleep 0.05; done; exit 3`,
-      ],
+      leavingChild(children, `while [ ! -e ${stop} ]; do sleep 0.05; done; exit 3`),
       { stop_grace_ms: 300 },
     );
     const pid = pidOf((await first.apply([item]))[0]);
     await eventually("the child started", () => (existsSync(children) ? true : undefined));
-    const child = Number(readFileSync(children, "utf8").split("\n")[0]);
+    const [child = 0] = pidsIn(children);
     await first.close();
     writeFileSync(stop, "");
     await eventually("the run ended", () => (isRunning(pid) ? undefined : true));
