@@ -33,6 +33,11 @@ interface Window {
   latest: Refusal;
 }
 
+/** Where a refusal's window is kept: one per node and kind. */
+function windowKey(refusal: Refusal): string {
+  return `${refusal.kind}\n${refusal.node}`;
+}
+
 /** The default window: a refusal of one kind from one node is told at most once a minute. */
 export const refusalWindowMs = 60_000;
 
@@ -61,7 +66,7 @@ export class RefusalLedger {
    * back goes into `undo`.
    */
   note(refusal: Refusal, at: Date, undo?: TakeBack): MeshEvent | undefined {
-    const key = `${refusal.kind}\n${refusal.node}`;
+    const key = windowKey(refusal);
     const now = at.getTime();
     const window = this.windows.get(key);
     if (window !== undefined && now - window.toldAt < this.windowMs) {
@@ -102,7 +107,8 @@ export class RefusalLedger {
    * back: it is told with the next refusal of its node and kind, or at the next look (`due`), whichever comes first.
    */
   untold(refusal: Refusal): void {
-    const key = `${refusal.kind}\n${refusal.node}`;
+    const key = windowKey(refusal);
+    // Changed in place: a take-back still to run knows its window by identity.
     const window = this.windows.get(key);
     if (window === undefined) {
       this.windows.set(key, {
@@ -115,6 +121,7 @@ export class RefusalLedger {
       return;
     }
     window.untold += 1;
+    window.latest = refusal;
     window.toldAt = Number.NEGATIVE_INFINITY;
   }
 
