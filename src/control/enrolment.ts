@@ -15,8 +15,8 @@ import { boundText, ContractError, encodeMessage, nodeQueue, parseEnrol } from "
 import type { Logger } from "../log.js";
 import { errorText } from "../log.js";
 import type { Store } from "../store/index.js";
-import type { RefusalLedger, TakeBack } from "./refusals.js";
-import { takeBack } from "./refusals.js";
+import type { OnceKept, RefusalLedger, TakeBack } from "./refusals.js";
+import { settleKept, takeBack } from "./refusals.js";
 import { spendToken } from "./tokens.js";
 
 export interface EnrolmentContext {
@@ -55,7 +55,13 @@ export async function answerEnrolment(
   /** Counted always; told (logged, kept as an event) at most once a minute for this node. */
   const tellRefusal = async (reason: string, detail?: Record<string, unknown>): Promise<void> => {
     const undo: TakeBack = [];
-    const event = context.refusals.note({ node: request.node, kind: "enrol", reason, detail }, now, undo);
+    const kept: OnceKept = [];
+    const event = context.refusals.note(
+      { node: request.node, kind: "enrol", reason, detail },
+      now,
+      undo,
+      kept,
+    );
     try {
       await store.transaction(async (tx) => {
         await tx.counters.add(request.node, "enrol_refused");
@@ -66,6 +72,7 @@ export async function answerEnrolment(
       takeBack(undo);
       throw error;
     }
+    settleKept(kept);
   };
 
   if (request.misrouted !== undefined) {

@@ -24,8 +24,8 @@ import { errorText } from "../log.js";
 import type { AccountRecord, LatestOrder, MeshEvent, NodeStanding, Store } from "../store/index.js";
 import { digestKey, sequenceKey } from "../store/index.js";
 import { resendLatest } from "./declarations.js";
-import type { TakeBack } from "./refusals.js";
-import { RefusalLedger, refusalWindowMs, takeBack } from "./refusals.js";
+import type { OnceKept, TakeBack } from "./refusals.js";
+import { RefusalLedger, refusalWindowMs, settleKept, takeBack } from "./refusals.js";
 
 /**
  * The most bytes an alive may hold: it names a node, a time and what the node holds, a few hundred bytes. A larger
@@ -174,8 +174,9 @@ export class Ingest {
           await tx.events.recordMany(batch.events);
           if (heard.size > 0) await tx.nodes.touch(heard);
         });
-        // Kept: what was told is told.
+        // Kept: what was told is told, and what was counted counts.
         batch.undo.length = 0;
+        settleKept(batch.kept);
         // Committed: each node's last account kept is its recovery copy now.
         const batchMs = batch.at.getTime();
         for (const account of batch.accounts) this.rememberCopy(account.node, account, batchMs);
@@ -748,7 +749,12 @@ export class Ingest {
     counter = `${kind}_refused`,
   ): void {
     batch.counters.push({ node, name: counter, by: 1 });
-    const event = this.refusals.note({ node, kind, reason, detail: { counter } }, batch.at, batch.undo);
+    const event = this.refusals.note(
+      { node, kind, reason, detail: { counter } },
+      batch.at,
+      batch.undo,
+      batch.kept,
+    );
     if (event !== undefined) batch.events.push(event);
   }
 }
@@ -866,6 +872,8 @@ class Batch {
   readonly holds = new Map<string, { epoch: number; sequence: number }>();
   /** Undoes what judging the batch told (refusals, outcomes, drifts), should the batch not be kept. */
   readonly undo: TakeBack = [];
+  /** Counts the refusals the batch only counted for telling, once it is kept. */
+  readonly kept: OnceKept = [];
 
   constructor(readonly at: Date) {}
 

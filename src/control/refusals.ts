@@ -5,7 +5,9 @@
  * garbage as fast as it can costs the log and the audit trail one line and one row a minute, not one per message.
  * What the ledger noted is only as good as the store's keeping of it: a caller whose transaction fails takes its
  * notes back (`TakeBack`), so a refusal told in an event the store never kept is told again, not passed over for
- * the rest of its window.
+ * the rest of its window; and a refusal only counted by a caller whose transaction is still under way is counted
+ * for telling once that transaction is kept, so a window's telling meanwhile does not tell it ahead of a failure that
+ * would make it come again.
  */
 import { boundText } from "../link/index.js";
 import type { Logger } from "../log.js";
@@ -52,8 +54,21 @@ export function takeBack(steps: TakeBack): void {
   for (const step of steps.splice(0).reverse()) step();
 }
 
+/** What a caller noted that counts only once its transaction is kept: each step run then, in the order noted. */
+export type OnceKept = Array<() => void>;
+
+/** Runs the steps of a transaction now kept, the first first. */
+export function settleKept(steps: OnceKept): void {
+  for (const step of steps.splice(0)) step();
+}
+
 export class RefusalLedger {
   private readonly windows = new Map<string, Window>();
+  /**
+   * The refusals of each window (by key) counted by callers whose transactions are under way: not told by a window's
+   * end until they are kept, and their windows not forgotten meanwhile.
+   */
+  private readonly pending = new Map<string, number>();
 
   constructor(
     private readonly log: Logger,
@@ -63,13 +78,28 @@ export class RefusalLedger {
   /**
    * Notes one refusal at `at`. Returns the event to keep when this refusal is told now (the first of its node and
    * kind in a window), or undefined when it is only counted until the window ends. The step that takes the note
-   * back goes into `undo`.
+   * back goes into `undo`. Given `kept`, the steps a caller runs once its transaction is kept, a refusal only
+   * counted is counted for telling by its step there, and until then by no window's end.
    */
-  note(refusal: Refusal, at: Date, undo?: TakeBack): MeshEvent | undefined {
+  note(refusal: Refusal, at: Date, undo?: TakeBack, kept?: OnceKept): MeshEvent | undefined {
     const key = windowKey(refusal);
     const now = at.getTime();
     const window = this.windows.get(key);
     if (window !== undefined && now - window.toldAt < this.windowMs) {
+      if (kept !== undefined) {
+        this.pending.set(key, (this.pending.get(key) ?? 0) + 1);
+        const settle = () => {
+          const left = (this.pending.get(key) ?? 1) - 1;
+          if (left > 0) this.pending.set(key, left);
+          else this.pending.delete(key);
+        };
+        undo?.push(settle);
+        kept.push(() => {
+          settle();
+          this.count(refusal, false);
+        });
+        return undefined;
+      }
       window.untold += 1;
       window.latest = refusal;
       undo?.push(() => {
@@ -107,6 +137,15 @@ export class RefusalLedger {
    * back: it is told with the next refusal of its node and kind, or at the next look (`due`), whichever comes first.
    */
   untold(refusal: Refusal): void {
+    this.count(refusal, true);
+  }
+
+  /**
+   * Counts a refusal in its window, to be told when the window ends; or `now`, at the next look. Without a window
+   * (none can have been forgotten while a refusal was pending, but the count is not lost should one be), at the next
+   * look.
+   */
+  private count(refusal: Refusal, now: boolean): void {
     const key = windowKey(refusal);
     // Changed in place: a take-back still to run knows its window by identity.
     const window = this.windows.get(key);
@@ -122,7 +161,7 @@ export class RefusalLedger {
     }
     window.untold += 1;
     window.latest = refusal;
-    window.toldAt = Number.NEGATIVE_INFINITY;
+    if (now) window.toldAt = Number.NEGATIVE_INFINITY;
   }
 
   /**
@@ -136,7 +175,7 @@ export class RefusalLedger {
     for (const [key, window] of this.windows) {
       if (now - window.toldAt < this.windowMs) continue;
       if (window.untold === 0) {
-        this.windows.delete(key);
+        if (!this.pending.has(key)) this.windows.delete(key);
         continue;
       }
       const { toldAt, untold } = window;

@@ -90,6 +90,32 @@ for (const backend of storeBackends) {
       ]);
     };
 
+    /** The store refuses every write of `write` to `table` (a disk full, a table broken): what makes one fails. */
+    const refuseWritesIn = async (
+      db: ReturnType<typeof rawStoreDb>,
+      table: string,
+      write: "INSERT" | "UPDATE",
+      refusing: boolean,
+    ) => {
+      const trigger = `refuse_${table}`;
+      const statements =
+        backend.name === "sqlite"
+          ? refusing
+            ? [
+                `CREATE TRIGGER ${trigger} BEFORE ${write} ON ${table} ` +
+                  "BEGIN SELECT RAISE(ABORT, 'the disk is full (test)'); END",
+              ]
+            : [`DROP TRIGGER ${trigger}`]
+          : refusing
+            ? [
+                `CREATE FUNCTION ${trigger}() RETURNS trigger LANGUAGE plpgsql AS ` +
+                  "$$ BEGIN RAISE EXCEPTION 'the disk is full (test)'; END $$",
+                `CREATE TRIGGER ${trigger} BEFORE ${write} ON ${table} FOR EACH ROW EXECUTE FUNCTION ${trigger}()`,
+              ]
+            : [`DROP TRIGGER ${trigger} ON ${table}`, `DROP FUNCTION ${trigger}()`];
+      for (const statement of statements) await sql.raw(statement).execute(db);
+    };
+
     test("ingest — last_seen is when the broker received the alive, not when it was processed", async () => {
       // Enrolled a minute ago, spoke 40 s ago, heard only now.
       await enrol("late-1", new Date(clock.getTime() - 60_000));
@@ -325,30 +351,8 @@ for (const backend of storeBackends) {
 
     test("ingest — what a batch told is told again when the store did not keep it: refusals, outcomes, drifts, and what a flush tells", async () => {
       const db = rawStoreDb(location.url);
-      /** The store refuses every write of `write` to `table` (a disk full, a table broken): what makes one fails. */
-      const refuseWrites = async (
-        table: "events" | "nodes",
-        write: "INSERT" | "UPDATE",
-        refusing: boolean,
-      ) => {
-        const trigger = `refuse_${table}`;
-        const statements =
-          backend.name === "sqlite"
-            ? refusing
-              ? [
-                  `CREATE TRIGGER ${trigger} BEFORE ${write} ON ${table} ` +
-                    "BEGIN SELECT RAISE(ABORT, 'the disk is full (test)'); END",
-                ]
-              : [`DROP TRIGGER ${trigger}`]
-            : refusing
-              ? [
-                  `CREATE FUNCTION ${trigger}() RETURNS trigger LANGUAGE plpgsql AS ` +
-                    "$$ BEGIN RAISE EXCEPTION 'the disk is full (test)'; END $$",
-                  `CREATE TRIGGER ${trigger} BEFORE ${write} ON ${table} FOR EACH ROW EXECUTE FUNCTION ${trigger}()`,
-                ]
-              : [`DROP TRIGGER ${trigger} ON ${table}`, `DROP FUNCTION ${trigger}()`];
-        for (const statement of statements) await sql.raw(statement).execute(db);
-      };
+      const refuseWrites = (table: "events" | "nodes", write: "INSERT" | "UPDATE", refusing: boolean) =>
+        refuseWritesIn(db, table, write, refusing);
       const refuseEvents = (refusing: boolean) => refuseWrites("events", "INSERT", refusing);
       try {
         await enrol("untold-1", clock);
@@ -442,6 +446,63 @@ for (const backend of storeBackends) {
           const on = backend.name === "sqlite" ? "" : ` ON ${table}`;
           await sql.raw(`DROP TRIGGER IF EXISTS refuse_${table}${on}`).execute(db);
         }
+        await db.destroy();
+      }
+    });
+
+    test("ingest — a refusal counted while a flush tells its window's end, its batch then handed back, is told once", async () => {
+      const db = rawStoreDb(location.url);
+      try {
+        await enrol("ahead-1", clock);
+        /** While set, a transaction waits for it to settle before it begins. */
+        let held: Promise<void> | undefined;
+        let release = () => undefined as void;
+        let reached = () => undefined as void;
+        const reachedTransaction = new Promise<void>((resolve) => (reached = resolve));
+        // The real store; the test decides when a batch's transaction begins.
+        const gated = new Proxy(store, {
+          get(target, property, receiver) {
+            if (property !== "transaction" || held === undefined)
+              return Reflect.get(target, property, receiver) as unknown;
+            const waitFor = held;
+            return async <T>(work: (tx: Store) => Promise<T>) => {
+              reached();
+              await waitFor;
+              return target.transaction(work);
+            };
+          },
+        });
+        const own = ingestOn(receiptOnlyBus, { store: gated });
+        const told = async () =>
+          (await store.events.list({ limit: 100, node: "ahead-1" }))
+            .filter((event) => event.kind === "report.refused")
+            .map((event) => event.detail.refusals);
+        assert.equal(await own.handle(notJson("ahead-1")), "done");
+        assert.deepEqual(await told(), [1], "the first of the window is told at once");
+        // Another within the window: counted by a batch whose transaction waits while the window ends and a flush
+        // runs; then the store fails that transaction, and the batch is handed back.
+        held = new Promise<void>((resolve) => (release = resolve));
+        const batch = own.handleBatch([notJson("ahead-1")]);
+        await reachedTransaction;
+        clock = new Date(clock.getTime() + 60_000);
+        await own.flush();
+        await refuseWritesIn(db, "node_counters", "INSERT", true);
+        release();
+        assert.deepEqual(await batch, ["retry"]);
+        await refuseWritesIn(db, "node_counters", "INSERT", false);
+        held = undefined;
+        // It comes again and is kept: told once in all, as it is counted once.
+        assert.equal(await own.handle(notJson("ahead-1")), "done");
+        clock = new Date(clock.getTime() + 60_000);
+        await own.flush();
+        assert.deepEqual(await told(), [1, 1], "each refusal told once");
+        assert.deepEqual(await store.counters.of("ahead-1"), { report_refused: 2 });
+      } finally {
+        // Left by a failed assertion, the trigger would fail the tests after this one.
+        const on = backend.name === "sqlite" ? "" : " ON node_counters";
+        await sql.raw(`DROP TRIGGER IF EXISTS refuse_node_counters${on}`).execute(db);
+        if (backend.name !== "sqlite")
+          await sql.raw("DROP FUNCTION IF EXISTS refuse_node_counters()").execute(db);
         await db.destroy();
       }
     });

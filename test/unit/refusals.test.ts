@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import type { TakeBack } from "../../src/control/refusals.js";
-import { RefusalLedger, takeBack } from "../../src/control/refusals.js";
+import type { OnceKept, TakeBack } from "../../src/control/refusals.js";
+import { RefusalLedger, settleKept, takeBack } from "../../src/control/refusals.js";
 import { boundText, fitsBytes, reasonMaxBytes } from "../../src/link/index.js";
 import { createLogger } from "../../src/log.js";
 
@@ -123,6 +123,41 @@ test("refusals — the window's telling at its end taken back is told at the nex
     { reason: "e", refusals: 3 },
     "or at the next refusal, with the ones it did not tell",
   );
+});
+
+test("refusals — one counted by a transaction under way is told only once that transaction is kept, and once however it ends", () => {
+  const { refusals } = ledger(1000);
+  const report = (reason: string) => ({ node: "web-5", kind: "report", reason });
+  assert.notEqual(refusals.note(report("a"), at(0)), undefined);
+  // A batch counts one; the window ends before the batch is kept: its end tells nothing of it.
+  const failed: TakeBack = [];
+  const notKept: OnceKept = [];
+  assert.equal(refusals.note(report("b"), at(10), failed, notKept), undefined);
+  assert.deepEqual(refusals.due(at(1000)), [], "a count still under way is not told");
+  // The batch is handed back: nothing was told of it, and its refusal comes again.
+  takeBack(failed);
+  assert.deepEqual(refusals.due(at(1050)), []);
+  const undo: TakeBack = [];
+  const kept: OnceKept = [];
+  assert.deepEqual(
+    refusals.note(report("b"), at(1100), undo, kept)?.detail,
+    { reason: "b", refusals: 1 },
+    "told once, when it comes again",
+  );
+  settleKept(kept);
+  // Another batch counts two within that window, kept before it ends: told with the count at its end.
+  const second: OnceKept = [];
+  refusals.note(report("c"), at(1200), [], second);
+  refusals.note(report("d"), at(1300), [], second);
+  assert.deepEqual(refusals.due(at(2100)), [], "nothing told while the batch is under way");
+  settleKept(second);
+  assert.equal(second.length, 0, "the steps are spent");
+  assert.deepEqual(
+    refusals.due(at(2110)).map((event) => event.detail),
+    [{ reason: "d", refusals: 2 }],
+    "kept after its window ended: told at the next look, the latest reason last",
+  );
+  assert.deepEqual(refusals.due(at(5000)), []);
 });
 
 test("refusals — one that came but whose telling was lost is told at the next look, or with the next refusal", () => {
