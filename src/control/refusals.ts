@@ -33,6 +33,8 @@ interface Window {
   /** Refusals since, not yet told. */
   untold: number;
   latest: Refusal;
+  /** When the latest came (ms): a count settled late does not replace a later one. */
+  latestAt: number;
 }
 
 /** Where a refusal's window is kept: one per node and kind. */
@@ -65,8 +67,8 @@ export function settleKept(steps: OnceKept): void {
 export class RefusalLedger {
   private readonly windows = new Map<string, Window>();
   /**
-   * The refusals of each window (by key) counted by callers whose transactions are under way: not told by a window's
-   * end until they are kept, and their windows not forgotten meanwhile.
+   * How many refusals of each node and kind (by key) callers whose transactions are under way have counted: not told
+   * by a window's end until they are kept.
    */
   private readonly pending = new Map<string, number>();
 
@@ -79,8 +81,10 @@ export class RefusalLedger {
    * Notes one refusal at `at`. Returns the event to keep when this refusal is told now (the first of its node and
    * kind in a window), or undefined when it is only counted until the window ends. The step that takes the note
    * back goes into `undo`. Given `kept`, the steps a caller runs once its transaction is kept, a refusal only
-   * counted is counted for telling by its step there, and until then by no window's end.
+   * counted is counted for telling by its step there, and until then by no window's end; its step in `undo` drops it.
    */
+  note(refusal: Refusal, at: Date, undo?: TakeBack): MeshEvent | undefined;
+  note(refusal: Refusal, at: Date, undo: TakeBack, kept: OnceKept): MeshEvent | undefined;
   note(refusal: Refusal, at: Date, undo?: TakeBack, kept?: OnceKept): MeshEvent | undefined {
     const key = windowKey(refusal);
     const now = at.getTime();
@@ -96,12 +100,13 @@ export class RefusalLedger {
         undo?.push(settle);
         kept.push(() => {
           settle();
-          this.count(refusal, false);
+          this.count(refusal, false, now);
         });
         return undefined;
       }
       window.untold += 1;
       window.latest = refusal;
+      window.latestAt = now;
       undo?.push(() => {
         if (this.windows.get(key) === window && window.untold > 0) window.untold -= 1;
       });
@@ -114,6 +119,7 @@ export class RefusalLedger {
       toldAt: now,
       untold: 0,
       latest: refusal,
+      latestAt: now,
     };
     this.windows.set(key, opened);
     // Not told after all: the window before stands again, with what was counted in this one since; with none
@@ -142,10 +148,11 @@ export class RefusalLedger {
 
   /**
    * Counts a refusal in its window, to be told when the window ends; or `now`, at the next look. Without a window
-   * (none can have been forgotten while a refusal was pending, but the count is not lost should one be), at the next
-   * look.
+   * (forgotten as quiet, or a first telling taken back, while the count was under way), at the next look: its window
+   * has ended, or was never told. A refusal that came
+   * at `at` becomes the window's latest unless a later one is.
    */
-  private count(refusal: Refusal, now: boolean): void {
+  private count(refusal: Refusal, now: boolean, at?: number): void {
     const key = windowKey(refusal);
     // Changed in place: a take-back still to run knows its window by identity.
     const window = this.windows.get(key);
@@ -156,18 +163,22 @@ export class RefusalLedger {
         toldAt: Number.NEGATIVE_INFINITY,
         untold: 1,
         latest: refusal,
+        latestAt: at ?? Number.NEGATIVE_INFINITY,
       });
       return;
     }
     window.untold += 1;
-    window.latest = refusal;
+    if (at === undefined || at >= window.latestAt) {
+      window.latest = refusal;
+      if (at !== undefined) window.latestAt = at;
+    }
     if (now) window.toldAt = Number.NEGATIVE_INFINITY;
   }
 
   /**
    * Tells the refusals held back in windows that have ended, and forgets the nodes that have been quiet for a
-   * whole window (so what is remembered is bounded by the nodes refusing now). Returns the events to keep; the steps
-   * that take their telling back go into `undo`.
+   * whole window (so what is remembered is bounded by the nodes refusing now; a count still under way is told at
+   * the next look once kept). Returns the events to keep; the steps that take their telling back go into `undo`.
    */
   due(at: Date, undo?: TakeBack): MeshEvent[] {
     const now = at.getTime();
@@ -175,7 +186,7 @@ export class RefusalLedger {
     for (const [key, window] of this.windows) {
       if (now - window.toldAt < this.windowMs) continue;
       if (window.untold === 0) {
-        if (!this.pending.has(key)) this.windows.delete(key);
+        this.windows.delete(key);
         continue;
       }
       const { toldAt, untold } = window;
@@ -189,6 +200,13 @@ export class RefusalLedger {
       });
     }
     return events;
+  }
+
+  /** How many counted refusals wait for their callers' transactions (for tests and metrics). */
+  get pendingCount(): number {
+    let count = 0;
+    for (const waiting of this.pending.values()) count += waiting;
+    return count;
   }
 
   private tell(refusal: Refusal, refusals: number, at: Date): MeshEvent {

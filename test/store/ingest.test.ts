@@ -8,6 +8,7 @@ import { sql } from "kysely";
 import type { ControlBus, ControlDelivery } from "../../src/bus/index.js";
 import type { IngestContext } from "../../src/control/ingest.js";
 import { Ingest } from "../../src/control/ingest.js";
+import { RefusalLedger } from "../../src/control/refusals.js";
 import { createLogger } from "../../src/log.js";
 import { emptyDigest, encodeMessage } from "../../src/link/index.js";
 import type { Store } from "../../src/store/index.js";
@@ -472,7 +473,8 @@ for (const backend of storeBackends) {
             };
           },
         });
-        const own = ingestOn(receiptOnlyBus, { store: gated });
+        const ledger = new RefusalLedger(createLogger({ level: "error" }));
+        const own = ingestOn(receiptOnlyBus, { store: gated, refusals: ledger });
         const told = async () =>
           (await store.events.list({ limit: 100, node: "ahead-1" }))
             .filter((event) => event.kind === "report.refused")
@@ -484,11 +486,13 @@ for (const backend of storeBackends) {
         held = new Promise<void>((resolve) => (release = resolve));
         const batch = own.handleBatch([notJson("ahead-1")]);
         await reachedTransaction;
+        assert.equal(ledger.pendingCount, 1, "the batch's count waits for its transaction");
         clock = new Date(clock.getTime() + 60_000);
         await own.flush();
         await refuseWritesIn(db, "node_counters", "INSERT", true);
         release();
         assert.deepEqual(await batch, ["retry"]);
+        assert.equal(ledger.pendingCount, 0, "handed back, it waits for nothing");
         await refuseWritesIn(db, "node_counters", "INSERT", false);
         held = undefined;
         // It comes again and is kept: told once in all, as it is counted once.
@@ -496,6 +500,7 @@ for (const backend of storeBackends) {
         clock = new Date(clock.getTime() + 60_000);
         await own.flush();
         assert.deepEqual(await told(), [1, 1], "each refusal told once");
+        assert.equal(ledger.pendingCount, 0);
         assert.deepEqual(await store.counters.of("ahead-1"), { report_refused: 2 });
       } finally {
         // Left by a failed assertion, the trigger would fail the tests after this one.

@@ -133,9 +133,11 @@ test("refusals — one counted by a transaction under way is told only once that
   const failed: TakeBack = [];
   const notKept: OnceKept = [];
   assert.equal(refusals.note(report("b"), at(10), failed, notKept), undefined);
+  assert.equal(refusals.pendingCount, 1);
   assert.deepEqual(refusals.due(at(1000)), [], "a count still under way is not told");
   // The batch is handed back: nothing was told of it, and its refusal comes again.
   takeBack(failed);
+  assert.equal(refusals.pendingCount, 0, "a count handed back waits for nothing");
   assert.deepEqual(refusals.due(at(1050)), []);
   const undo: TakeBack = [];
   const kept: OnceKept = [];
@@ -145,19 +147,46 @@ test("refusals — one counted by a transaction under way is told only once that
     "told once, when it comes again",
   );
   settleKept(kept);
-  // Another batch counts two within that window, kept before it ends: told with the count at its end.
+  // Another batch counts two in that window and is kept before it ends: told with the count at its end, not before.
   const second: OnceKept = [];
   refusals.note(report("c"), at(1200), [], second);
   refusals.note(report("d"), at(1300), [], second);
-  assert.deepEqual(refusals.due(at(2100)), [], "nothing told while the batch is under way");
+  assert.equal(refusals.pendingCount, 2);
   settleKept(second);
   assert.equal(second.length, 0, "the steps are spent");
+  assert.equal(refusals.pendingCount, 0);
+  assert.deepEqual(refusals.due(at(2050)), [], "kept within the window: not told before its end");
   assert.deepEqual(
-    refusals.due(at(2110)).map((event) => event.detail),
+    refusals.due(at(2100)).map((event) => event.detail),
     [{ reason: "d", refusals: 2 }],
-    "kept after its window ended: told at the next look, the latest reason last",
+    "told at its end, with the count and the latest reason",
   );
-  assert.deepEqual(refusals.due(at(5000)), []);
+  // A third counts one and is kept only after the window ended: told at the next look.
+  const third: OnceKept = [];
+  refusals.note(report("e"), at(2200), [], third);
+  assert.deepEqual(refusals.due(at(3100)), [], "nothing told while the batch is under way");
+  settleKept(third);
+  assert.deepEqual(
+    refusals.due(at(3110)).map((event) => event.detail),
+    [{ reason: "e", refusals: 1 }],
+  );
+  assert.deepEqual(refusals.due(at(9000)), []);
+});
+
+test("refusals — counts kept out of order keep the latest reason the one that came last", () => {
+  const { refusals } = ledger(1000);
+  const alive = (reason: string) => ({ node: "web-6", kind: "alive", reason });
+  refusals.note(alive("first"), at(0));
+  const older: OnceKept = [];
+  const newer: OnceKept = [];
+  refusals.note(alive("older"), at(10), [], older);
+  refusals.note(alive("newer"), at(20), [], newer);
+  settleKept(newer);
+  settleKept(older);
+  assert.deepEqual(
+    refusals.due(at(1000)).map((event) => event.detail),
+    [{ reason: "newer", refusals: 2 }],
+  );
 });
 
 test("refusals — one that came but whose telling was lost is told at the next look, or with the next refusal", () => {
