@@ -94,6 +94,11 @@ export class Ingest {
    * any (told once its minute is over, with how many changes came; see `reports`).
    */
   private readonly outcomes = new Map<string, OutcomeTold>();
+  /**
+   * Per node: how many batches still under way changed the outcome held back. A held change is told only once none
+   * is: a batch handed back after a flush told what it held would bring the same change again, told a second time.
+   */
+  private readonly outcomesUnderWay = new Map<string, number>();
   private readonly enrolled = new Map<string, Remembered<NodeStanding>>();
   private readonly latestOrder = new Map<string, Remembered<LatestOrder | undefined>>();
   /**
@@ -513,9 +518,23 @@ export class Ingest {
         this.outcomes.delete(node);
         continue;
       }
+      // Told at the first flush after the batches that changed it are kept or handed back.
+      if (this.outcomesUnderWay.has(node)) continue;
       due.push({ node, told, event: this.tellOutcome(told.held.event, told.held.changes) });
     }
     return due;
+  }
+
+  /** Notes that `batch`, still under way, changed the outcome held back for `node`, until it is kept or handed back. */
+  private holdUnderWay(node: string, batch: Batch): void {
+    this.outcomesUnderWay.set(node, (this.outcomesUnderWay.get(node) ?? 0) + 1);
+    const settled = () => {
+      const left = (this.outcomesUnderWay.get(node) ?? 1) - 1;
+      if (left > 0) this.outcomesUnderWay.set(node, left);
+      else this.outcomesUnderWay.delete(node);
+    };
+    batch.undo.push(settled);
+    batch.kept.push(settled);
   }
 
   private alive(batch: Batch, node: string, body: Uint8Array, spokeAt: number): void {
@@ -661,6 +680,7 @@ export class Ingest {
           } else {
             const held = { event, changes: (told.held?.changes ?? 0) + 1 };
             setUndoably(this.outcomes, node, { toldAt: told.toldAt, held }, batch.undo);
+            this.holdUnderWay(node, batch);
           }
         }
       }
@@ -872,7 +892,7 @@ class Batch {
   readonly holds = new Map<string, { epoch: number; sequence: number }>();
   /** Undoes what judging the batch told (refusals, outcomes, drifts), should the batch not be kept. */
   readonly undo: TakeBack = [];
-  /** Counts the refusals the batch only counted for telling, once it is kept. */
+  /** Counts the refusals the batch only counted for telling, and lets what it held back be told, once it is kept. */
   readonly kept: OnceKept = [];
 
   constructor(readonly at: Date) {}

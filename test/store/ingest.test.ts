@@ -451,57 +451,62 @@ for (const backend of storeBackends) {
       }
     });
 
-    test("ingest — a refusal counted while a flush tells its window's end, its batch then handed back, is told once", async () => {
+    /**
+     * An ingest on the real store whose batch the test holds at its transaction while a flush runs, then has the store
+     * refuse (every counter write fails: a disk full) so that the batch is handed back. `check` runs with it; the
+     * trigger is dropped whatever happens.
+     */
+    const handedBackAfterFlush = async (
+      check: (parts: {
+        own: Ingest;
+        ledger: RefusalLedger;
+        /**
+         * Runs `deliveries` as a batch held at its transaction (`whileHeld` runs then) while a flush runs, then
+         * refused by the store.
+         */
+        heldAndRefused: (deliveries: ControlDelivery[], whileHeld?: () => void) => Promise<void>;
+      }) => Promise<void>,
+    ) => {
       const db = rawStoreDb(location.url);
-      try {
-        await enrol("ahead-1", clock);
-        /** While set, a transaction waits for it to settle before it begins. */
-        let held: Promise<void> | undefined;
-        let release = () => undefined as void;
-        let reached = () => undefined as void;
-        const reachedTransaction = new Promise<void>((resolve) => (reached = resolve));
-        // The real store; the test decides when a batch's transaction begins.
-        const gated = new Proxy(store, {
-          get(target, property, receiver) {
-            if (property !== "transaction" || held === undefined)
-              return Reflect.get(target, property, receiver) as unknown;
-            const waitFor = held;
-            return async <T>(work: (tx: Store) => Promise<T>) => {
-              reached();
-              await waitFor;
-              return target.transaction(work);
-            };
-          },
-        });
-        const ledger = new RefusalLedger(createLogger({ level: "error" }));
-        const own = ingestOn(receiptOnlyBus, { store: gated, refusals: ledger });
-        const told = async () =>
-          (await store.events.list({ limit: 100, node: "ahead-1" }))
-            .filter((event) => event.kind === "report.refused")
-            .map((event) => event.detail.refusals);
-        assert.equal(await own.handle(notJson("ahead-1")), "done");
-        assert.deepEqual(await told(), [1], "the first of the window is told at once");
-        // Another within the window: counted by a batch whose transaction waits while the window ends and a flush
-        // runs; then the store fails that transaction, and the batch is handed back.
+      /** While set, a transaction waits for it to settle before it begins. */
+      let held: Promise<void> | undefined;
+      let reached: () => void = () => undefined;
+      // The real store; the test decides when a batch's transaction begins.
+      const gated = new Proxy(store, {
+        get(target, property, receiver) {
+          if (property !== "transaction" || held === undefined)
+            return Reflect.get(target, property, receiver) as unknown;
+          const waitFor = held;
+          return async <T>(work: (tx: Store) => Promise<T>) => {
+            reached();
+            await waitFor;
+            return target.transaction(work);
+          };
+        },
+      });
+      const ledger = new RefusalLedger(createLogger({ level: "error" }));
+      const own = ingestOn(receiptOnlyBus, { store: gated, refusals: ledger });
+      const heldAndRefused = async (deliveries: ControlDelivery[], whileHeld?: () => void) => {
+        let release: () => void = () => undefined;
         held = new Promise<void>((resolve) => (release = resolve));
-        const batch = own.handleBatch([notJson("ahead-1")]);
+        const reachedTransaction = new Promise<void>((resolve) => (reached = resolve));
+        const batch = own.handleBatch(deliveries);
         await reachedTransaction;
-        assert.equal(ledger.pendingCount, 1, "the batch's count waits for its transaction");
+        whileHeld?.();
+        // The window ends while the batch waits, and a flush runs.
         clock = new Date(clock.getTime() + 60_000);
         await own.flush();
         await refuseWritesIn(db, "node_counters", "INSERT", true);
         release();
-        assert.deepEqual(await batch, ["retry"]);
-        assert.equal(ledger.pendingCount, 0, "handed back, it waits for nothing");
+        assert.deepEqual(
+          await batch,
+          deliveries.map(() => "retry"),
+        );
         await refuseWritesIn(db, "node_counters", "INSERT", false);
         held = undefined;
-        // It comes again and is kept: told once in all, as it is counted once.
-        assert.equal(await own.handle(notJson("ahead-1")), "done");
-        clock = new Date(clock.getTime() + 60_000);
-        await own.flush();
-        assert.deepEqual(await told(), [1, 1], "each refusal told once");
-        assert.equal(ledger.pendingCount, 0);
-        assert.deepEqual(await store.counters.of("ahead-1"), { report_refused: 2 });
+      };
+      try {
+        await check({ own, ledger, heldAndRefused });
       } finally {
         // Left by a failed assertion, the trigger would fail the tests after this one.
         const on = backend.name === "sqlite" ? "" : " ON node_counters";
@@ -510,6 +515,63 @@ for (const backend of storeBackends) {
           await sql.raw("DROP FUNCTION IF EXISTS refuse_node_counters()").execute(db);
         await db.destroy();
       }
+    };
+
+    test("ingest — a refusal counted while a flush tells its window's end, its batch then handed back, is told once", async () => {
+      await enrol("ahead-1", clock);
+      await handedBackAfterFlush(async ({ own, ledger, heldAndRefused }) => {
+        const told = async () =>
+          (await store.events.list({ limit: 100, node: "ahead-1" }))
+            .filter((event) => event.kind === "report.refused")
+            .map((event) => event.detail.refusals);
+        assert.equal(await own.handle(notJson("ahead-1")), "done");
+        assert.deepEqual(await told(), [1], "the first of the window is told at once");
+        // Another within the window, counted by a batch under way while the window ends; then handed back.
+        await heldAndRefused([notJson("ahead-1")], () =>
+          assert.equal(ledger.pendingCount, 1, "the batch's count waits for its transaction"),
+        );
+        assert.equal(ledger.pendingCount, 0, "handed back, it waits for nothing");
+        // It comes again and is kept: told once in all, as it is counted once.
+        assert.equal(await own.handle(notJson("ahead-1")), "done");
+        clock = new Date(clock.getTime() + 60_000);
+        await own.flush();
+        assert.deepEqual(await told(), [1, 1], "each refusal told once");
+        assert.equal(ledger.pendingCount, 0);
+        assert.deepEqual(await store.counters.of("ahead-1"), { report_refused: 2 });
+      });
+    });
+
+    test("ingest — a change of outcome held back by a batch under way while its minute ends, the batch then handed back, is told once", async () => {
+      await enrol("hold-1", clock);
+      await handedBackAfterFlush(async ({ own, heldAndRefused }) => {
+        const told = async () =>
+          (await store.events.list({ limit: 100, node: "hold-1" })).map((event) => [
+            event.kind,
+            event.detail.changes ?? null,
+          ]);
+        const failed = { ...report("hold-1", 1), outcome: "failed", reason: "disk" };
+        const refused = { ...report("hold-1", 2), outcome: "refused", reason: "no room" };
+        assert.equal(await own.handle(delivery("report", "hold-1", failed)), "done");
+        // Within the minute the outcome changes: held back, by a batch under way while the minute ends.
+        clock = new Date(clock.getTime() + 10_000);
+        await heldAndRefused([delivery("report", "hold-1", refused)]);
+        // It comes again and is kept (its minute over now: told at once), and nothing is left to tell after.
+        assert.equal(await own.handle(delivery("report", "hold-1", refused)), "done");
+        clock = new Date(clock.getTime() + 60_000);
+        await own.flush();
+        assert.deepEqual(
+          (await told()).sort(),
+          [
+            ["declaration.failed", null],
+            ["declaration.refused", null],
+          ],
+          "the change told once",
+        );
+        assert.deepEqual(await store.counters.of("hold-1"), {
+          declarations_failed: 1,
+          declarations_refused: 1,
+        });
+      });
     });
 
     test("ingest — flushes asked for side by side tell a change held back once", async () => {
