@@ -95,7 +95,7 @@ export class Ingest {
    */
   private readonly outcomes = new Map<string, OutcomeTold>();
   /**
-   * Per node: how many batches still under way changed the outcome held back. A held change is told only once none
+   * Per node: how many changes of outcome held back by batches still under way. A held change is told only once none
    * is: a batch handed back after a flush told what it held would bring the same change again, told a second time.
    */
   private readonly outcomesUnderWay = new Map<string, number>();
@@ -179,13 +179,13 @@ export class Ingest {
           await tx.events.recordMany(batch.events);
           if (heard.size > 0) await tx.nodes.touch(heard);
         });
-        // Kept: what was told is told, and what was counted counts.
-        batch.undo.length = 0;
-        settleKept(batch.kept);
-        // Committed: each node's last account kept is its recovery copy now.
-        const batchMs = batch.at.getTime();
-        for (const account of batch.accounts) this.rememberCopy(account.node, account, batchMs);
       }
+      // Kept (or nothing to keep): what was told is told, and what was counted counts.
+      batch.undo.length = 0;
+      settleKept(batch.kept);
+      // Committed: each node's last account kept is its recovery copy now.
+      const batchMs = batch.at.getTime();
+      for (const account of batch.accounts) this.rememberCopy(account.node, account, batchMs);
       // The two streams are consumed side by side: a batch of either may be the older one.
       for (const [node, spokeAt] of batch.seen) {
         const known = this.seen.get(node);
@@ -466,17 +466,13 @@ export class Ingest {
     const now = this.context.now();
     const undo: TakeBack = [];
     const refusals = this.refusals.due(now, undo);
-    const outcomes = this.outcomesDue(now.getTime());
+    const outcomes = this.outcomesDue(now.getTime(), undo);
     try {
-      await this.context.store.events.recordMany([...refusals, ...outcomes.map(({ event }) => event)]);
+      await this.context.store.events.recordMany([...refusals, ...outcomes]);
     } catch (error) {
       takeBack(undo);
       throw error;
     }
-    // Kept: each node's minute starts again, unless a batch changed its outcome meanwhile (what that batch holds back
-    // then counts the changes told here too, and is told in its turn: told again, never lost).
-    for (const { node, told } of outcomes)
-      if (this.outcomes.get(node) === told) this.outcomes.set(node, { toldAt: now.getTime() });
     if (this.seen.size === 0) return;
     const taken = [...this.seen];
     this.seen.clear();
@@ -506,23 +502,43 @@ export class Ingest {
   }
 
   /**
-   * The changes of outcome held back in windows that have ended, to tell now, each beside what was remembered of its
-   * node (marked told once the event is kept); the nodes told nothing for a whole window are forgotten, so what is
-   * remembered is bounded by the nodes failing now.
+   * The changes of outcome held back in windows that have ended, to tell now, but for nodes a batch still under way
+   * changed (told at a flush after it is kept or handed back); the nodes told nothing for a whole window are
+   * forgotten, so what is remembered is bounded by the nodes failing now. Each told is marked so at once, in place (a
+   * batch judged while the flush writes sees it told, and holds back only what comes after); the steps in `undo`
+   * unmark them should the events not be kept.
    */
-  private outcomesDue(nowMs: number): Array<{ node: string; told: OutcomeTold; event: MeshEvent }> {
-    const due: Array<{ node: string; told: OutcomeTold; event: MeshEvent }> = [];
+  private outcomesDue(nowMs: number, undo: TakeBack): MeshEvent[] {
+    const due: MeshEvent[] = [];
     for (const [node, told] of this.outcomes) {
       if (nowMs - told.toldAt < refusalWindowMs) continue;
-      if (told.held === undefined) {
+      const { toldAt, held } = told;
+      if (held === undefined) {
         this.outcomes.delete(node);
         continue;
       }
-      // Told at the first flush after the batches that changed it are kept or handed back.
       if (this.outcomesUnderWay.has(node)) continue;
-      due.push({ node, told, event: this.tellOutcome(told.held.event, told.held.changes) });
+      due.push(this.tellOutcome(held.event, held.changes));
+      told.toldAt = nowMs;
+      told.held = undefined;
+      // Batches replace an entry, never change one: only a flush does, and one flush runs at a time.
+      undo.push(() => {
+        told.toldAt = toldAt;
+        told.held = held;
+      });
     }
     return due;
+  }
+
+  /**
+   * A change of outcome held back, about to be replaced by the node's first account of another declaration (told at
+   * once): told first, in the same batch, so it is not passed over. Not while a batch still under way holds it: that
+   * batch's own, told by a flush once it is kept (two batches of one node's reports under way at once, the rare case,
+   * may pass it over).
+   */
+  private tellReplaced(batch: Batch, node: string, told: OutcomeTold | undefined): void {
+    if (told?.held === undefined || this.outcomesUnderWay.has(node)) return;
+    batch.events.push(this.tellOutcome(told.held.event, told.held.changes));
   }
 
   /** Notes that `batch`, still under way, changed the outcome held back for `node`, until it is kept or handed back. */
@@ -671,10 +687,21 @@ export class Ingest {
         batch.counters.push({ node, name: `declarations_${report.outcome}`, by: 1 });
         const event = outcomeEvent(node, report, now);
         if (before === undefined || !sameDeclaration(before, account)) {
+          this.tellReplaced(batch, node, told);
           setUndoably(this.outcomes, node, { toldAt: nowMs }, batch.undo);
           batch.events.push(this.tellOutcome(event));
         } else if (before.outcome !== account.outcome) {
-          if (told === undefined || nowMs - told.toldAt >= refusalWindowMs) {
+          if (
+            told?.held !== undefined &&
+            nowMs - told.toldAt >= refusalWindowMs &&
+            !this.outcomesUnderWay.has(node)
+          ) {
+            // The change held back, its minute over before a flush told it: told now, as the minute's end would have
+            // told it, and this change held back for the minute that starts.
+            batch.events.push(this.tellOutcome(told.held.event, told.held.changes));
+            setUndoably(this.outcomes, node, { toldAt: nowMs, held: { event, changes: 1 } }, batch.undo);
+            this.holdUnderWay(node, batch);
+          } else if (told === undefined || nowMs - told.toldAt >= refusalWindowMs) {
             setUndoably(this.outcomes, node, { toldAt: nowMs }, batch.undo);
             batch.events.push(this.tellOutcome(event));
           } else {

@@ -302,12 +302,18 @@ for (const backend of storeBackends) {
         declarations_refused: 20,
       });
       assert.equal((await store.accounts.recoveryCopy("flip-1"))?.reportSequence, 40, "every report is kept");
-      // A minute on, the next change is told at once, and the one right after it waits for its minute.
+      // A minute on, before any flush told them, the next change comes: the 39 held back are told first, as the
+      // minute's end would have told them, and the new one waits for the minute that starts, with the one after it.
       clock = new Date(clock.getTime() + 60_000);
       assert.equal(await ingest.handle(delivery("report", "flip-1", flip(41))), "done");
       assert.equal(await ingest.handle(delivery("report", "flip-1", flip(42))), "done");
       await ingest.flush();
-      assert.deepEqual(await told(), ["declaration.failed", "declaration.failed"]);
+      assert.deepEqual(await told(), ["declaration.failed", "declaration.refused"]);
+      assert.deepEqual((await toldEvents()).at(-1)?.detail, {
+        reason: "refused 40",
+        sequence: 0,
+        changes: 39,
+      });
       assert.equal(toldLines().length, 2);
       assert.equal(await ingest.handle(delivery("report", "flip-1", flip(43))), "done");
       assert.equal(await ingest.handle(delivery("report", "flip-1", flip(44))), "done");
@@ -319,8 +325,13 @@ for (const backend of storeBackends) {
       await ingest.flush();
       const last = (await toldEvents()).at(-1);
       assert.equal(last?.kind, "declaration.refused", "the latest change held back: flip 44's");
-      assert.deepEqual(last?.detail, { reason: "refused 44", sequence: 0, changes: 3 });
+      assert.deepEqual(last?.detail, { reason: "refused 44", sequence: 0, changes: 4 });
       assert.equal(toldLines().length, 3);
+      const changes = (await toldEvents()).reduce(
+        (sum, event) => sum + ((event.detail as { changes?: number }).changes ?? 1),
+        0,
+      );
+      assert.equal(changes, 44, "every report's outcome is accounted for in what was told");
       // A change held back is not told once the node applied the declaration after it.
       clock = new Date(clock.getTime() + 1000);
       assert.equal(await ingest.handle(delivery("report", "flip-1", flip(45))), "done");
@@ -348,6 +359,40 @@ for (const backend of storeBackends) {
         `${Buffer.byteLength(entries[0] ?? "")} bytes kept`,
       );
       assert.ok(entries[0]?.startsWith("file:/ddd"), "what is kept begins as the item's id does");
+    });
+
+    test("ingest — a change held back is told, not passed over, when the node's first account of another declaration comes within its minute", async () => {
+      await enrol("turn-1", clock);
+      const toldNow = async () =>
+        (await store.events.list({ limit: 100, node: "turn-1" })).map((event) => [
+          event.kind,
+          event.detail.changes ?? null,
+        ]);
+      const failed = { ...report("turn-1", 1), outcome: "failed", reason: "disk" };
+      const refused = { ...report("turn-1", 2), outcome: "refused", reason: "no room" };
+      assert.equal(await ingest.handle(delivery("report", "turn-1", failed)), "done");
+      clock = new Date(clock.getTime() + 10_000);
+      assert.equal(await ingest.handle(delivery("report", "turn-1", refused)), "done");
+      // Declared something new, the node fails it within the minute: its first account of it is told at once, and
+      // the change held back about the one before is told with it.
+      await firstDeclared("turn-1");
+      clock = new Date(clock.getTime() + 5_000);
+      const next = {
+        ...report("turn-1", 3),
+        epoch: 1,
+        sequence: 1,
+        outcome: "failed",
+        reason: "disk, the new one",
+      };
+      assert.equal(await ingest.handle(delivery("report", "turn-1", next)), "done");
+      clock = new Date(clock.getTime() + 70_000);
+      await ingest.flush();
+      await ingest.flush();
+      assert.deepEqual(await toldNow(), [
+        ["declaration.failed", null],
+        ["declaration.refused", 1],
+        ["declaration.failed", null],
+      ]);
     });
 
     test("ingest — what a batch told is told again when the store did not keep it: refusals, outcomes, drifts, and what a flush tells", async () => {
@@ -461,8 +506,8 @@ for (const backend of storeBackends) {
         own: Ingest;
         ledger: RefusalLedger;
         /**
-         * Runs `deliveries` as a batch held at its transaction (`whileHeld` runs then) while a flush runs, then
-         * refused by the store.
+         * Runs `deliveries` as a batch held at its transaction (`whileHeld` runs then) while the test's clock moves a
+         * minute on and a flush runs, then refused by the store. The deliveries must make the batch write something.
          */
         heldAndRefused: (deliveries: ControlDelivery[], whileHeld?: () => void) => Promise<void>;
       }) => Promise<void>,
@@ -555,23 +600,123 @@ for (const backend of storeBackends) {
         // Within the minute the outcome changes: held back, by a batch under way while the minute ends.
         clock = new Date(clock.getTime() + 10_000);
         await heldAndRefused([delivery("report", "hold-1", refused)]);
-        // It comes again and is kept (its minute over now: told at once), and nothing is left to tell after.
+        // It comes again and is kept (its minute over now: told at once).
         assert.equal(await own.handle(delivery("report", "hold-1", refused)), "done");
+        // The next change within that minute is held back by a batch kept, and told once its minute is over: the
+        // batch handed back waits for nothing any more.
+        clock = new Date(clock.getTime() + 10_000);
+        const failedAgain = { ...report("hold-1", 3), outcome: "failed", reason: "disk again" };
+        assert.equal(await own.handle(delivery("report", "hold-1", failedAgain)), "done");
         clock = new Date(clock.getTime() + 60_000);
         await own.flush();
+        await own.flush();
         assert.deepEqual(
-          (await told()).sort(),
+          await told(),
           [
             ["declaration.failed", null],
             ["declaration.refused", null],
+            ["declaration.failed", 1],
           ],
-          "the change told once",
+          "each change told once",
         );
         assert.deepEqual(await store.counters.of("hold-1"), {
-          declarations_failed: 1,
+          declarations_failed: 2,
           declarations_refused: 1,
         });
       });
+    });
+
+    test("ingest — a change told by a flush while a batch that would tell it too is handed back is told once", async () => {
+      await enrol("flux-1", clock);
+      const db = rawStoreDb(location.url);
+      /** While set, the flush's write of the events it tells waits for it to settle. */
+      let flushHeld: Promise<void> | undefined;
+      let flushReached: () => void = () => undefined;
+      /** While set, a batch's transaction waits for it to settle before it begins. */
+      let batchHeld: Promise<void> | undefined;
+      let batchReached: () => void = () => undefined;
+      // The real store; the test decides when a flush's events are written and when a batch's transaction begins.
+      const gated = new Proxy(store, {
+        get(target, property, receiver) {
+          if (property === "transaction" && batchHeld !== undefined) {
+            const waitFor = batchHeld;
+            return async <T>(work: (tx: Store) => Promise<T>) => {
+              batchReached();
+              await waitFor;
+              return target.transaction(work);
+            };
+          }
+          if (property !== "events" || flushHeld === undefined)
+            return Reflect.get(target, property, receiver) as unknown;
+          const waitFor = flushHeld;
+          return new Proxy(target.events, {
+            get(events, name, eventsReceiver) {
+              if (name !== "recordMany") return Reflect.get(events, name, eventsReceiver) as unknown;
+              return async (list: Parameters<Store["events"]["recordMany"]>[0]) => {
+                flushReached();
+                await waitFor;
+                return events.recordMany(list);
+              };
+            },
+          });
+        },
+      });
+      const own = ingestOn(receiptOnlyBus, { store: gated });
+      const told = async () =>
+        (await store.events.list({ limit: 100, node: "flux-1" })).map((event) => [
+          event.kind,
+          event.detail.changes ?? null,
+        ]);
+      const outcome = (sequence: number, outcome: "failed" | "refused") => {
+        const body = { ...report("flux-1", sequence), outcome, reason: `${outcome} ${sequence}` };
+        return delivery("report", "flux-1", body);
+      };
+      try {
+        assert.equal(await own.handle(outcome(1, "failed")), "done");
+        clock = new Date(clock.getTime() + 10_000);
+        assert.equal(await own.handle(outcome(2, "refused")), "done");
+        // The minute over, a flush tells the change held back; while it writes, the next change comes in a batch
+        // whose transaction begins once the flush's events are kept, and the store refuses it.
+        clock = new Date(clock.getTime() + 60_000);
+        let releaseFlush: () => void = () => undefined;
+        flushHeld = new Promise<void>((resolve) => (releaseFlush = resolve));
+        const flushReachedWrite = new Promise<void>((resolve) => (flushReached = resolve));
+        const flushing = own.flush();
+        await flushReachedWrite;
+        let releaseBatch: () => void = () => undefined;
+        batchHeld = new Promise<void>((resolve) => (releaseBatch = resolve));
+        const batchReachedTransaction = new Promise<void>((resolve) => (batchReached = resolve));
+        const batch = own.handleBatch([outcome(3, "failed")]);
+        await batchReachedTransaction;
+        releaseFlush();
+        await flushing;
+        flushHeld = undefined;
+        await refuseWritesIn(db, "node_counters", "INSERT", true);
+        releaseBatch();
+        assert.deepEqual(await batch, ["retry"]);
+        batchHeld = undefined;
+        await refuseWritesIn(db, "node_counters", "INSERT", false);
+        // It comes again and is kept, held back for the minute the flush started; then that minute ends.
+        assert.equal(await own.handle(outcome(3, "failed")), "done");
+        clock = new Date(clock.getTime() + 70_000);
+        await own.flush();
+        await own.flush();
+        assert.deepEqual(
+          await told(),
+          [
+            ["declaration.failed", null],
+            ["declaration.refused", 1],
+            ["declaration.failed", 1],
+          ],
+          "each change told once",
+        );
+      } finally {
+        const on = backend.name === "sqlite" ? "" : " ON node_counters";
+        await sql.raw(`DROP TRIGGER IF EXISTS refuse_node_counters${on}`).execute(db);
+        if (backend.name !== "sqlite")
+          await sql.raw("DROP FUNCTION IF EXISTS refuse_node_counters()").execute(db);
+        await db.destroy();
+      }
     });
 
     test("ingest — flushes asked for side by side tell a change held back once", async () => {
