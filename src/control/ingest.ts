@@ -442,8 +442,9 @@ export class Ingest {
 
   /**
    * Writes the batched `last_seen` times, and tells the refusals and the changes of outcome held back in windows that
-   * have ended. One flush at a time (what one tells is marked told only once kept, so two side by side would tell it
-   * twice): one asked for while another runs waits for it, and those asked for meanwhile share that one.
+   * have ended. One flush at a time (what one tells is marked told at once and unmarked should its events not be kept:
+   * two side by side would tell it twice): one asked for while another runs waits for it, and those asked for
+   * meanwhile share that one.
    */
   flush(): Promise<void> {
     if (this.flushing === undefined) {
@@ -521,29 +522,33 @@ export class Ingest {
       due.push(this.tellOutcome(held.event, held.changes));
       told.toldAt = nowMs;
       told.held = undefined;
-      // Batches replace an entry, never change one: only a flush does, and one flush runs at a time.
+      // Batches replace an entry, never change one: only a flush does, and one flush runs at a time. Unmarked, for a
+      // batch that replaced it meanwhile and is handed back (it puts this one back); and a replacement kept meanwhile
+      // takes on what was not told, with the older minute.
       undo.push(() => {
         told.toldAt = toldAt;
         told.held = held;
+        const now = this.outcomes.get(node);
+        if (now === undefined || now === told) return;
+        now.held = { event: now.held?.event ?? held.event, changes: (now.held?.changes ?? 0) + held.changes };
+        now.toldAt = Math.min(now.toldAt, toldAt);
       });
     }
     return due;
   }
 
   /**
-   * A change of outcome held back, about to be replaced by the node's first account of another declaration (told at
-   * once): told first, in the same batch, so it is not passed over. Not while a batch still under way holds it: that
-   * batch's own, told by a flush once it is kept (two batches of one node's reports under way at once, the rare case,
-   * may pass it over).
+   * Whether batches other than `batch` still under way changed the outcome held back for `node`: what they hold may
+   * be handed back, so it is not told from here.
    */
-  private tellReplaced(batch: Batch, node: string, told: OutcomeTold | undefined): void {
-    if (told?.held === undefined || this.outcomesUnderWay.has(node)) return;
-    batch.events.push(this.tellOutcome(told.held.event, told.held.changes));
+  private heldByOthers(node: string, batch: Batch): boolean {
+    return (this.outcomesUnderWay.get(node) ?? 0) > (batch.holding.get(node) ?? 0);
   }
 
   /** Notes that `batch`, still under way, changed the outcome held back for `node`, until it is kept or handed back. */
   private holdUnderWay(node: string, batch: Batch): void {
     this.outcomesUnderWay.set(node, (this.outcomesUnderWay.get(node) ?? 0) + 1);
+    batch.holding.set(node, (batch.holding.get(node) ?? 0) + 1);
     const settled = () => {
       const left = (this.outcomesUnderWay.get(node) ?? 1) - 1;
       if (left > 0) this.outcomesUnderWay.set(node, left);
@@ -676,8 +681,9 @@ export class Ingest {
       // Counted every time; told when the node reports on a declaration it had not reported on before, and when its
       // outcome for the same declaration changes, at most once a minute: not at every report saying the same again
       // (a node retrying a failed item reports it each time), nor at every turn of a node flipping between failed
-      // and refused. A change held back is told when its minute is over, unless the node applied the declaration
-      // meanwhile. What one node can add to the trail is bounded by what it was sent and by the clock.
+      // and refused. A change held back is told when its minute is over (by a flush, or by the node's next change
+      // should that come first), or with the node's first account of another declaration, unless the node applied a
+      // declaration meanwhile. What one node can add to the trail is bounded by what it was sent and by the clock.
       // Each change to what was told is undone should the batch not be kept (`setUndoably`).
       const nowMs = batch.at.getTime();
       const told = this.outcomes.get(node);
@@ -686,22 +692,30 @@ export class Ingest {
       } else {
         batch.counters.push({ node, name: `declarations_${report.outcome}`, by: 1 });
         const event = outcomeEvent(node, report, now);
+        const heldElsewhere = told?.held !== undefined && this.heldByOthers(node, batch);
         if (before === undefined || !sameDeclaration(before, account)) {
-          this.tellReplaced(batch, node, told);
-          setUndoably(this.outcomes, node, { toldAt: nowMs }, batch.undo);
+          // A change held back about the declaration before is told first, so it is not passed over; one another
+          // batch under way holds stays held, for a flush to tell once that batch is done.
+          if (told?.held !== undefined && !heldElsewhere)
+            batch.events.push(this.tellOutcome(told.held.event, told.held.changes));
+          setUndoably(
+            this.outcomes,
+            node,
+            heldElsewhere ? { toldAt: nowMs, held: told?.held } : { toldAt: nowMs },
+            batch.undo,
+          );
           batch.events.push(this.tellOutcome(event));
         } else if (before.outcome !== account.outcome) {
-          if (
-            told?.held !== undefined &&
-            nowMs - told.toldAt >= refusalWindowMs &&
-            !this.outcomesUnderWay.has(node)
-          ) {
+          if (told?.held !== undefined && nowMs - told.toldAt >= refusalWindowMs && !heldElsewhere) {
             // The change held back, its minute over before a flush told it: told now, as the minute's end would have
             // told it, and this change held back for the minute that starts.
             batch.events.push(this.tellOutcome(told.held.event, told.held.changes));
             setUndoably(this.outcomes, node, { toldAt: nowMs, held: { event, changes: 1 } }, batch.undo);
             this.holdUnderWay(node, batch);
-          } else if (told === undefined || nowMs - told.toldAt >= refusalWindowMs) {
+          } else if (
+            told?.held === undefined &&
+            (told === undefined || nowMs - told.toldAt >= refusalWindowMs)
+          ) {
             setUndoably(this.outcomes, node, { toldAt: nowMs }, batch.undo);
             batch.events.push(this.tellOutcome(event));
           } else {
@@ -921,6 +935,8 @@ class Batch {
   readonly undo: TakeBack = [];
   /** Counts the refusals the batch only counted for telling, and lets what it held back be told, once it is kept. */
   readonly kept: OnceKept = [];
+  /** How many changes of outcome the batch held back, by node (its part of `outcomesUnderWay`). */
+  readonly holding = new Map<string, number>();
 
   constructor(readonly at: Date) {}
 

@@ -496,6 +496,68 @@ for (const backend of storeBackends) {
       }
     });
 
+    /** A point the test holds: while held, whatever comes to it waits until it is opened. */
+    const gatePoint = () => {
+      let held: Promise<void> | undefined;
+      let release: () => void = () => undefined;
+      let arrive: () => void = () => undefined;
+      return {
+        /** Holds from now on; settles once something waits here. */
+        hold(): Promise<void> {
+          held = new Promise<void>((resolve) => (release = resolve));
+          return new Promise<void>((resolve) => (arrive = resolve));
+        },
+        /** Lets what waits go on, and holds nothing more. */
+        open(): void {
+          held = undefined;
+          release();
+        },
+        /** Where the store waits: at once when not held. */
+        pass(): Promise<void> | undefined {
+          if (held === undefined) return undefined;
+          arrive();
+          return held;
+        },
+      };
+    };
+
+    /**
+     * The real store, with two points the test holds: a batch's transaction before it begins (`batch`), and the
+     * flush's write of the events it tells (`flush`; batches write theirs within their transactions).
+     */
+    const gatedStore = () => {
+      const batch = gatePoint();
+      const flush = gatePoint();
+      const gated = new Proxy(store, {
+        get(target, property, receiver) {
+          if (property === "transaction") {
+            return async <T>(work: (tx: Store) => Promise<T>) => {
+              await batch.pass();
+              return target.transaction(work);
+            };
+          }
+          if (property !== "events") return Reflect.get(target, property, receiver) as unknown;
+          return new Proxy(target.events, {
+            get(events, name, eventsReceiver) {
+              if (name !== "recordMany") return Reflect.get(events, name, eventsReceiver) as unknown;
+              return async (list: Parameters<Store["events"]["recordMany"]>[0]) => {
+                await flush.pass();
+                return events.recordMany(list);
+              };
+            },
+          });
+        },
+      });
+      return { store: gated, batch, flush };
+    };
+
+    /** Drops the trigger `refuseWritesIn` made on `table`, should a failed assertion have left it. */
+    const dropRefusal = async (db: ReturnType<typeof rawStoreDb>, table: string) => {
+      const on = backend.name === "sqlite" ? "" : ` ON ${table}`;
+      await sql.raw(`DROP TRIGGER IF EXISTS refuse_${table}${on}`).execute(db);
+      if (backend.name !== "sqlite") await sql.raw(`DROP FUNCTION IF EXISTS refuse_${table}()`).execute(db);
+    };
+
     /**
      * An ingest on the real store whose batch the test holds at its transaction while a flush runs, then has the store
      * refuse (every counter write fails: a disk full) so that the batch is handed back. `check` runs with it; the
@@ -513,28 +575,11 @@ for (const backend of storeBackends) {
       }) => Promise<void>,
     ) => {
       const db = rawStoreDb(location.url);
-      /** While set, a transaction waits for it to settle before it begins. */
-      let held: Promise<void> | undefined;
-      let reached: () => void = () => undefined;
-      // The real store; the test decides when a batch's transaction begins.
-      const gated = new Proxy(store, {
-        get(target, property, receiver) {
-          if (property !== "transaction" || held === undefined)
-            return Reflect.get(target, property, receiver) as unknown;
-          const waitFor = held;
-          return async <T>(work: (tx: Store) => Promise<T>) => {
-            reached();
-            await waitFor;
-            return target.transaction(work);
-          };
-        },
-      });
+      const gated = gatedStore();
       const ledger = new RefusalLedger(createLogger({ level: "error" }));
-      const own = ingestOn(receiptOnlyBus, { store: gated, refusals: ledger });
+      const own = ingestOn(receiptOnlyBus, { store: gated.store, refusals: ledger });
       const heldAndRefused = async (deliveries: ControlDelivery[], whileHeld?: () => void) => {
-        let release: () => void = () => undefined;
-        held = new Promise<void>((resolve) => (release = resolve));
-        const reachedTransaction = new Promise<void>((resolve) => (reached = resolve));
+        const reachedTransaction = gated.batch.hold();
         const batch = own.handleBatch(deliveries);
         await reachedTransaction;
         whileHeld?.();
@@ -542,22 +587,18 @@ for (const backend of storeBackends) {
         clock = new Date(clock.getTime() + 60_000);
         await own.flush();
         await refuseWritesIn(db, "node_counters", "INSERT", true);
-        release();
+        gated.batch.open();
         assert.deepEqual(
           await batch,
           deliveries.map(() => "retry"),
         );
         await refuseWritesIn(db, "node_counters", "INSERT", false);
-        held = undefined;
       };
       try {
         await check({ own, ledger, heldAndRefused });
       } finally {
         // Left by a failed assertion, the trigger would fail the tests after this one.
-        const on = backend.name === "sqlite" ? "" : " ON node_counters";
-        await sql.raw(`DROP TRIGGER IF EXISTS refuse_node_counters${on}`).execute(db);
-        if (backend.name !== "sqlite")
-          await sql.raw("DROP FUNCTION IF EXISTS refuse_node_counters()").execute(db);
+        await dropRefusal(db, "node_counters");
         await db.destroy();
       }
     };
@@ -629,39 +670,8 @@ for (const backend of storeBackends) {
     test("ingest — a change told by a flush while a batch that would tell it too is handed back is told once", async () => {
       await enrol("flux-1", clock);
       const db = rawStoreDb(location.url);
-      /** While set, the flush's write of the events it tells waits for it to settle. */
-      let flushHeld: Promise<void> | undefined;
-      let flushReached: () => void = () => undefined;
-      /** While set, a batch's transaction waits for it to settle before it begins. */
-      let batchHeld: Promise<void> | undefined;
-      let batchReached: () => void = () => undefined;
-      // The real store; the test decides when a flush's events are written and when a batch's transaction begins.
-      const gated = new Proxy(store, {
-        get(target, property, receiver) {
-          if (property === "transaction" && batchHeld !== undefined) {
-            const waitFor = batchHeld;
-            return async <T>(work: (tx: Store) => Promise<T>) => {
-              batchReached();
-              await waitFor;
-              return target.transaction(work);
-            };
-          }
-          if (property !== "events" || flushHeld === undefined)
-            return Reflect.get(target, property, receiver) as unknown;
-          const waitFor = flushHeld;
-          return new Proxy(target.events, {
-            get(events, name, eventsReceiver) {
-              if (name !== "recordMany") return Reflect.get(events, name, eventsReceiver) as unknown;
-              return async (list: Parameters<Store["events"]["recordMany"]>[0]) => {
-                flushReached();
-                await waitFor;
-                return events.recordMany(list);
-              };
-            },
-          });
-        },
-      });
-      const own = ingestOn(receiptOnlyBus, { store: gated });
+      const gated = gatedStore();
+      const own = ingestOn(receiptOnlyBus, { store: gated.store });
       const told = async () =>
         (await store.events.list({ limit: 100, node: "flux-1" })).map((event) => [
           event.kind,
@@ -678,23 +688,17 @@ for (const backend of storeBackends) {
         // The minute over, a flush tells the change held back; while it writes, the next change comes in a batch
         // whose transaction begins once the flush's events are kept, and the store refuses it.
         clock = new Date(clock.getTime() + 60_000);
-        let releaseFlush: () => void = () => undefined;
-        flushHeld = new Promise<void>((resolve) => (releaseFlush = resolve));
-        const flushReachedWrite = new Promise<void>((resolve) => (flushReached = resolve));
+        const flushReachedWrite = gated.flush.hold();
         const flushing = own.flush();
         await flushReachedWrite;
-        let releaseBatch: () => void = () => undefined;
-        batchHeld = new Promise<void>((resolve) => (releaseBatch = resolve));
-        const batchReachedTransaction = new Promise<void>((resolve) => (batchReached = resolve));
+        const batchReachedTransaction = gated.batch.hold();
         const batch = own.handleBatch([outcome(3, "failed")]);
         await batchReachedTransaction;
-        releaseFlush();
+        gated.flush.open();
         await flushing;
-        flushHeld = undefined;
         await refuseWritesIn(db, "node_counters", "INSERT", true);
-        releaseBatch();
+        gated.batch.open();
         assert.deepEqual(await batch, ["retry"]);
-        batchHeld = undefined;
         await refuseWritesIn(db, "node_counters", "INSERT", false);
         // It comes again and is kept, held back for the minute the flush started; then that minute ends.
         assert.equal(await own.handle(outcome(3, "failed")), "done");
@@ -711,10 +715,86 @@ for (const backend of storeBackends) {
           "each change told once",
         );
       } finally {
-        const on = backend.name === "sqlite" ? "" : " ON node_counters";
-        await sql.raw(`DROP TRIGGER IF EXISTS refuse_node_counters${on}`).execute(db);
-        if (backend.name !== "sqlite")
-          await sql.raw("DROP FUNCTION IF EXISTS refuse_node_counters()").execute(db);
+        await dropRefusal(db, "node_counters");
+        await db.destroy();
+      }
+    });
+
+    test("ingest — a change held back is told with the next declaration's first account in the same batch", async () => {
+      await enrol("solo-1", clock);
+      const failed = { ...report("solo-1", 1), outcome: "failed", reason: "disk" };
+      assert.equal(await ingest.handle(delivery("report", "solo-1", failed)), "done");
+      await firstDeclared("solo-1");
+      clock = new Date(clock.getTime() + 10_000);
+      const refused = { ...report("solo-1", 2), outcome: "refused", reason: "no room" };
+      const next = {
+        ...report("solo-1", 3),
+        epoch: 1,
+        sequence: 1,
+        outcome: "failed",
+        reason: "disk, the new one",
+      };
+      // One batch holds the change back, then brings the node's first account of the next declaration.
+      assert.deepEqual(
+        await ingest.handleBatch([delivery("report", "solo-1", refused), delivery("report", "solo-1", next)]),
+        ["done", "done"],
+      );
+      clock = new Date(clock.getTime() + 70_000);
+      await ingest.flush();
+      await ingest.flush();
+      assert.deepEqual(
+        (await store.events.list({ limit: 100, node: "solo-1" })).map((event) => [
+          event.kind,
+          event.detail.changes ?? null,
+        ]),
+        [
+          ["declaration.failed", null],
+          ["declaration.refused", 1],
+          ["declaration.failed", null],
+        ],
+      );
+    });
+
+    test("ingest — a flush whose events are not kept leaves what it would have told to the change a batch kept meanwhile", async () => {
+      await enrol("fold-1", clock);
+      const db = rawStoreDb(location.url);
+      const gated = gatedStore();
+      const own = ingestOn(receiptOnlyBus, { store: gated.store });
+      const outcome = (sequence: number, outcome: "failed" | "refused") => {
+        const body = { ...report("fold-1", sequence), outcome, reason: `${outcome} ${sequence}` };
+        return delivery("report", "fold-1", body);
+      };
+      try {
+        assert.equal(await own.handle(outcome(1, "failed")), "done");
+        clock = new Date(clock.getTime() + 10_000);
+        assert.equal(await own.handle(outcome(2, "refused")), "done");
+        // The minute over, a flush tells the change held back; while it writes, the next change comes and is kept;
+        // then the store refuses the flush's events.
+        clock = new Date(clock.getTime() + 60_000);
+        const flushReachedWrite = gated.flush.hold();
+        const flushing = own.flush();
+        await flushReachedWrite;
+        assert.equal(await own.handle(outcome(3, "failed")), "done");
+        await refuseWritesIn(db, "events", "INSERT", true);
+        gated.flush.open();
+        await assert.rejects(flushing, /the disk is full/);
+        await refuseWritesIn(db, "events", "INSERT", false);
+        // The next flush after the minute tells both changes, as one: the latest, and how many came.
+        clock = new Date(clock.getTime() + 70_000);
+        await own.flush();
+        await own.flush();
+        assert.deepEqual(
+          (await store.events.list({ limit: 100, node: "fold-1" })).map((event) => [
+            event.kind,
+            event.detail.changes ?? null,
+          ]),
+          [
+            ["declaration.failed", null],
+            ["declaration.failed", 2],
+          ],
+        );
+      } finally {
+        await dropRefusal(db, "events");
         await db.destroy();
       }
     });
