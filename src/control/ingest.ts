@@ -99,6 +99,8 @@ export class Ingest {
    * is: a batch handed back after a flush told what it held would bring the same change again, told a second time.
    */
   private readonly outcomesUnderWay = new Map<string, number>();
+  /** Per node: changes of outcome a flush could not tell once a batch had replaced their entry, for the next flush. */
+  private readonly outcomesRetold = new Map<string, NonNullable<OutcomeTold["held"]>>();
   private readonly enrolled = new Map<string, Remembered<NodeStanding>>();
   private readonly latestOrder = new Map<string, Remembered<LatestOrder | undefined>>();
   /**
@@ -503,14 +505,17 @@ export class Ingest {
   }
 
   /**
-   * The changes of outcome held back in windows that have ended, to tell now, but for nodes a batch still under way
-   * changed (told at a flush after it is kept or handed back); the nodes told nothing for a whole window are
-   * forgotten, so what is remembered is bounded by the nodes failing now. Each told is marked so at once, in place (a
-   * batch judged while the flush writes sees it told, and holds back only what comes after); the steps in `undo`
-   * unmark them should the events not be kept.
+   * The changes of outcome held back in windows that have ended, to tell now, but for nodes whose held change a batch
+   * still under way made (told at a flush after it is kept or handed back); and those a flush could not tell after
+   * their entries were replaced (`outcomesRetold`), with the node's own when both are due. The nodes told nothing for
+   * a whole window are forgotten, so what is remembered is bounded by the nodes failing now. Each told is marked so at
+   * once, in place (a batch judged while the flush writes sees it told, and holds back only what comes after); the
+   * steps in `undo` unmark them should the events not be kept.
    */
   private outcomesDue(nowMs: number, undo: TakeBack): MeshEvent[] {
     const due: MeshEvent[] = [];
+    const retold = new Map(this.outcomesRetold);
+    this.outcomesRetold.clear();
     for (const [node, told] of this.outcomes) {
       if (nowMs - told.toldAt < refusalWindowMs) continue;
       const { toldAt, held } = told;
@@ -519,22 +524,49 @@ export class Ingest {
         continue;
       }
       if (this.outcomesUnderWay.has(node)) continue;
-      due.push(this.tellOutcome(held.event, held.changes));
+      const waiting = retold.get(node);
+      retold.delete(node);
+      due.push(this.tellOutcome(held.event, held.changes + (waiting?.changes ?? 0)));
       told.toldAt = nowMs;
       told.held = undefined;
-      // Batches replace an entry, never change one: only a flush does, and one flush runs at a time. Unmarked, for a
-      // batch that replaced it meanwhile and is handed back (it puts this one back); and a replacement kept meanwhile
-      // takes on what was not told, with the older minute.
       undo.push(() => {
-        told.toldAt = toldAt;
-        told.held = held;
-        const now = this.outcomes.get(node);
-        if (now === undefined || now === told) return;
-        now.held = { event: now.held?.event ?? held.event, changes: (now.held?.changes ?? 0) + held.changes };
-        now.toldAt = Math.min(now.toldAt, toldAt);
+        if (waiting !== undefined) this.retell(node, waiting);
+        this.untell(node, told, toldAt, held);
       });
     }
+    for (const [node, waiting] of retold) {
+      due.push(this.tellOutcome(waiting.event, waiting.changes));
+      undo.push(() => this.retell(node, waiting));
+    }
     return due;
+  }
+
+  /**
+   * Takes back a flush's telling of `held` from `told`, whose events were not kept. Batches replace an entry, never
+   * change one: only a flush does, and one flush runs at a time. Still the node's entry (or forgotten since), it is
+   * unmarked in place; replaced by a batch meanwhile, it stays marked (should that batch be handed back, it puts this
+   * one back, told) and what was not told waits apart for the next flush, out of every batch's reach.
+   */
+  private untell(
+    node: string,
+    told: OutcomeTold,
+    toldAt: number,
+    held: NonNullable<OutcomeTold["held"]>,
+  ): void {
+    const now = this.outcomes.get(node);
+    if (now === undefined || now === told) {
+      told.toldAt = toldAt;
+      told.held = held;
+      if (now === undefined) this.outcomes.set(node, told);
+      return;
+    }
+    this.retell(node, held);
+  }
+
+  /** Keeps a change a flush could not tell for the next one, with any kept before it (the later event, the counts added). */
+  private retell(node: string, held: NonNullable<OutcomeTold["held"]>): void {
+    const waiting = this.outcomesRetold.get(node);
+    this.outcomesRetold.set(node, { event: held.event, changes: held.changes + (waiting?.changes ?? 0) });
   }
 
   /**
@@ -1014,7 +1046,8 @@ function setUndoably<K, V>(map: Map<K, V>, key: K, value: V, undo: TakeBack): vo
   const previous = map.get(key);
   map.set(key, value);
   undo.push(() => {
-    if (map.get(key) !== value) return;
+    // Forgotten since (a flush forgets what is quiet) is as good as still standing: nothing took its place.
+    if (map.has(key) && map.get(key) !== value) return;
     if (had) map.set(key, previous as V);
     else map.delete(key);
   });

@@ -67,8 +67,8 @@ export function settleKept(steps: OnceKept): void {
 export class RefusalLedger {
   private readonly windows = new Map<string, Window>();
   /**
-   * How many refusals of each node and kind (by key) callers whose transactions are under way have counted: not told
-   * by a window's end until they are kept.
+   * How many refusals of each node and kind (by key) callers whose transactions are under way have counted: kept out
+   * of their windows' counts (and so out of what a window's end tells) until their callers' steps in `kept` run.
    */
   private readonly pending = new Map<string, number>();
 
@@ -125,7 +125,9 @@ export class RefusalLedger {
     // Not told after all: the window before stands again, with what was counted in this one since; with none
     // before, what was counted since is told at the next look (`due`).
     undo?.push(() => {
-      if (this.windows.get(key) !== opened) return;
+      const current = this.windows.get(key);
+      // Forgotten as quiet since is as good as still standing: nothing took its place.
+      if (current !== undefined && current !== opened) return;
       if (window !== undefined) {
         window.untold += opened.untold;
         this.windows.set(key, window);
@@ -133,6 +135,7 @@ export class RefusalLedger {
         this.windows.delete(key);
       } else {
         opened.toldAt = Number.NEGATIVE_INFINITY;
+        this.windows.set(key, opened);
       }
     });
     return this.tell(refusal, refusals, at);
@@ -149,8 +152,7 @@ export class RefusalLedger {
   /**
    * Counts a refusal in its window, to be told when the window ends; or `now`, at the next look. Without a window
    * (forgotten as quiet, or a first telling taken back, while the count was under way), at the next look: its window
-   * has ended, or was never told. A refusal that came
-   * at `at` becomes the window's latest unless a later one is.
+   * has ended, or was never told. A refusal that came at `at` becomes the window's latest unless a later one is.
    */
   private count(refusal: Refusal, now: boolean, at?: number): void {
     const key = windowKey(refusal);

@@ -799,6 +799,131 @@ for (const backend of storeBackends) {
       }
     });
 
+    /** A report of `node` about what it was sent first (nothing, or with `declared` its first declaration). */
+    const outcomeOf = (node: string, sequence: number, outcome: "failed" | "refused", declared = false) => {
+      const body = {
+        ...report(node, sequence),
+        ...(declared ? { epoch: 1, sequence: 1 } : {}),
+        outcome,
+        reason: `${outcome} ${sequence}`,
+      };
+      return delivery("report", node, body);
+    };
+    const toldOf = async (node: string) =>
+      (await store.events.list({ limit: 100, node })).map((event) => [
+        event.kind,
+        event.detail.changes ?? null,
+      ]);
+
+    test("ingest — a flush not kept, a batch that replaced its entry meanwhile and is handed back after another flush told it: told once", async () => {
+      await enrol("twin-1", clock);
+      const db = rawStoreDb(location.url);
+      const gated = gatedStore();
+      const own = ingestOn(receiptOnlyBus, { store: gated.store });
+      try {
+        assert.equal(await own.handle(outcomeOf("twin-1", 1, "failed")), "done");
+        clock = new Date(clock.getTime() + 10_000);
+        assert.equal(await own.handle(outcomeOf("twin-1", 2, "refused")), "done");
+        await firstDeclared("twin-1");
+        clock = new Date(clock.getTime() + 60_000);
+        // A flush tells the change held back; while it writes, the first account of the next declaration comes, in
+        // a batch held at its transaction. The flush's events are refused.
+        const flushReachedWrite = gated.flush.hold();
+        const flushing = own.flush();
+        await flushReachedWrite;
+        const batchReachedTransaction = gated.batch.hold();
+        const batch = own.handleBatch([outcomeOf("twin-1", 3, "failed", true)]);
+        await batchReachedTransaction;
+        await refuseWritesIn(db, "events", "INSERT", true);
+        gated.flush.open();
+        await assert.rejects(flushing, /the disk is full/);
+        await refuseWritesIn(db, "events", "INSERT", false);
+        // The next flush tells it; then the batch is refused, handed back, and comes again.
+        await own.flush();
+        await refuseWritesIn(db, "node_counters", "INSERT", true);
+        gated.batch.open();
+        assert.deepEqual(await batch, ["retry"]);
+        await refuseWritesIn(db, "node_counters", "INSERT", false);
+        assert.equal(await own.handle(outcomeOf("twin-1", 3, "failed", true)), "done");
+        clock = new Date(clock.getTime() + 70_000);
+        await own.flush();
+        await own.flush();
+        assert.deepEqual(await toldOf("twin-1"), [
+          ["declaration.failed", null],
+          ["declaration.refused", 1],
+          ["declaration.failed", null],
+        ]);
+      } finally {
+        await dropRefusal(db, "events");
+        await dropRefusal(db, "node_counters");
+        await db.destroy();
+      }
+    });
+
+    test("ingest — a flush not kept, two batches replacing its entry meanwhile, the second handed back: nothing passed over", async () => {
+      await enrol("trio-1", clock);
+      const db = rawStoreDb(location.url);
+      const gated = gatedStore();
+      const own = ingestOn(receiptOnlyBus, { store: gated.store });
+      try {
+        assert.equal(await own.handle(outcomeOf("trio-1", 1, "failed")), "done");
+        clock = new Date(clock.getTime() + 10_000);
+        assert.equal(await own.handle(outcomeOf("trio-1", 2, "refused")), "done");
+        clock = new Date(clock.getTime() + 60_000);
+        const flushReachedWrite = gated.flush.hold();
+        const flushing = own.flush();
+        await flushReachedWrite;
+        // While the flush writes: one change kept, the next in a batch held at its transaction.
+        assert.equal(await own.handle(outcomeOf("trio-1", 3, "failed")), "done");
+        const batchReachedTransaction = gated.batch.hold();
+        const batch = own.handleBatch([outcomeOf("trio-1", 4, "refused")]);
+        await batchReachedTransaction;
+        await refuseWritesIn(db, "events", "INSERT", true);
+        gated.flush.open();
+        await assert.rejects(flushing, /the disk is full/);
+        await refuseWritesIn(db, "events", "INSERT", false);
+        await refuseWritesIn(db, "node_counters", "INSERT", true);
+        gated.batch.open();
+        assert.deepEqual(await batch, ["retry"]);
+        await refuseWritesIn(db, "node_counters", "INSERT", false);
+        assert.equal(await own.handle(outcomeOf("trio-1", 4, "refused")), "done");
+        clock = new Date(clock.getTime() + 70_000);
+        await own.flush();
+        await own.flush();
+        const told = await toldOf("trio-1");
+        assert.deepEqual(told, [
+          ["declaration.failed", null],
+          ["declaration.refused", 3],
+        ]);
+      } finally {
+        await dropRefusal(db, "events");
+        await dropRefusal(db, "node_counters");
+        await db.destroy();
+      }
+    });
+
+    test("ingest — a batch under way past its minute, its entry forgotten as quiet meanwhile, handed back: what it told is told again", async () => {
+      await enrol("slow-1", clock);
+      await handedBackAfterFlush(async ({ own, heldAndRefused }) => {
+        assert.equal(await own.handle(outcomeOf("slow-1", 1, "failed")), "done");
+        clock = new Date(clock.getTime() + 10_000);
+        assert.equal(await own.handle(outcomeOf("slow-1", 2, "refused")), "done");
+        await firstDeclared("slow-1");
+        clock = new Date(clock.getTime() + 5_000);
+        // The next declaration's first account tells the change held back; its batch waits a minute (a flush
+        // forgets its entry as quiet meanwhile) and is handed back.
+        await heldAndRefused([outcomeOf("slow-1", 3, "failed", true)]);
+        assert.equal(await own.handle(outcomeOf("slow-1", 3, "failed", true)), "done");
+        clock = new Date(clock.getTime() + 70_000);
+        await own.flush();
+        assert.deepEqual(await toldOf("slow-1"), [
+          ["declaration.failed", null],
+          ["declaration.refused", 1],
+          ["declaration.failed", null],
+        ]);
+      });
+    });
+
     test("ingest — flushes asked for side by side tell a change held back once", async () => {
       await enrol("side-1", clock);
       const failed = { ...report("side-1", 1), outcome: "failed", reason: "first" };

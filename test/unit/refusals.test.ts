@@ -189,6 +189,23 @@ test("refusals — counts kept out of order keep the latest reason the one that 
   );
 });
 
+test("refusals — a telling taken back after its window was forgotten as quiet puts the window before back", () => {
+  const { refusals } = ledger(1000);
+  const report = (reason: string) => ({ node: "web-7", kind: "report", reason });
+  refusals.note(report("a"), at(0));
+  refusals.note(report("b"), at(10));
+  const failed: TakeBack = [];
+  assert.deepEqual(refusals.note(report("c"), at(1500), failed)?.detail, { reason: "c", refusals: 2 });
+  // Quiet for a whole window since, that window is forgotten; then the telling is taken back.
+  assert.deepEqual(refusals.due(at(2600)), []);
+  takeBack(failed);
+  assert.deepEqual(
+    refusals.due(at(2700)).map((event) => event.detail),
+    [{ reason: "b", refusals: 1 }],
+    "what the window before had counted is told at the next look",
+  );
+});
+
 test("refusals — one that came but whose telling was lost is told at the next look, or with the next refusal", () => {
   const { refusals } = ledger(1000);
   const busy = { node: "web-4", kind: "enrol", reason: "busy" };
