@@ -126,8 +126,12 @@ export class RefusalLedger {
     // before, what was counted since is told at the next look (`due`).
     undo?.push(() => {
       const current = this.windows.get(key);
-      // Forgotten as quiet since is as good as still standing: nothing took its place.
-      if (current !== undefined && current !== opened) return;
+      // Forgotten as quiet since is as good as still standing: nothing took its place. Replaced by a later window
+      // (this one's minute over), that window takes on what the one before had counted: told at its end.
+      if (current !== undefined && current !== opened) {
+        current.untold += window?.untold ?? 0;
+        return;
+      }
       if (window !== undefined) {
         window.untold += opened.untold;
         this.windows.set(key, window);

@@ -206,6 +206,24 @@ test("refusals — a telling taken back after its window was forgotten as quiet 
   );
 });
 
+test("refusals — a telling taken back after a later window replaced its own leaves what the window before counted to that one", () => {
+  const { refusals } = ledger(1000);
+  const enrol = (reason: string) => ({ node: "web-8", kind: "enrol", reason });
+  refusals.note(enrol("a"), at(0));
+  refusals.note(enrol("b"), at(10));
+  // Told with "b" counted, in an event still being written...
+  const slow: TakeBack = [];
+  assert.deepEqual(refusals.note(enrol("c"), at(1500), slow)?.detail, { reason: "c", refusals: 2 });
+  // ...while its minute ends and the next refusal opens a window of its own; then that telling is taken back.
+  assert.deepEqual(refusals.note(enrol("d"), at(2600))?.detail, { reason: "d", refusals: 1 });
+  takeBack(slow);
+  assert.deepEqual(
+    refusals.due(at(3600)).map((event) => event.detail),
+    [{ reason: "d", refusals: 1 }],
+    "what the window before counted is told at the end of the window that stands",
+  );
+});
+
 test("refusals — one that came but whose telling was lost is told at the next look, or with the next refusal", () => {
   const { refusals } = ledger(1000);
   const busy = { node: "web-4", kind: "enrol", reason: "busy" };
