@@ -667,24 +667,35 @@ for (const backend of storeBackends) {
       });
     });
 
+    /** A report of `node` about what it was sent first (nothing, or with `declared` its first declaration). */
+    const outcomeOf = (node: string, sequence: number, outcome: "failed" | "refused", declared = false) => {
+      const body = {
+        ...report(node, sequence),
+        ...(declared ? { epoch: 1, sequence: 1 } : {}),
+        outcome,
+        reason: `${outcome} ${sequence}`,
+      };
+      return delivery("report", node, body);
+    };
+    const toldOf = async (node: string) =>
+      (await store.events.list({ limit: 100, node })).map((event) => [
+        event.kind,
+        event.detail.changes ?? null,
+      ]);
+    /** `node`'s outcome told (failed), then changed within the minute (refused): held back. */
+    const failedThenHeld = async (own: Ingest, node: string) => {
+      assert.equal(await own.handle(outcomeOf(node, 1, "failed")), "done");
+      clock = new Date(clock.getTime() + 10_000);
+      assert.equal(await own.handle(outcomeOf(node, 2, "refused")), "done");
+    };
+
     test("ingest — a change told by a flush while a batch that would tell it too is handed back is told once", async () => {
       await enrol("flux-1", clock);
       const db = rawStoreDb(location.url);
       const gated = gatedStore();
       const own = ingestOn(receiptOnlyBus, { store: gated.store });
-      const told = async () =>
-        (await store.events.list({ limit: 100, node: "flux-1" })).map((event) => [
-          event.kind,
-          event.detail.changes ?? null,
-        ]);
-      const outcome = (sequence: number, outcome: "failed" | "refused") => {
-        const body = { ...report("flux-1", sequence), outcome, reason: `${outcome} ${sequence}` };
-        return delivery("report", "flux-1", body);
-      };
       try {
-        assert.equal(await own.handle(outcome(1, "failed")), "done");
-        clock = new Date(clock.getTime() + 10_000);
-        assert.equal(await own.handle(outcome(2, "refused")), "done");
+        await failedThenHeld(own, "flux-1");
         // The minute over, a flush tells the change held back; while it writes, the next change comes in a batch
         // whose transaction begins once the flush's events are kept, and the store refuses it.
         clock = new Date(clock.getTime() + 60_000);
@@ -692,7 +703,7 @@ for (const backend of storeBackends) {
         const flushing = own.flush();
         await flushReachedWrite;
         const batchReachedTransaction = gated.batch.hold();
-        const batch = own.handleBatch([outcome(3, "failed")]);
+        const batch = own.handleBatch([outcomeOf("flux-1", 3, "failed")]);
         await batchReachedTransaction;
         gated.flush.open();
         await flushing;
@@ -701,12 +712,12 @@ for (const backend of storeBackends) {
         assert.deepEqual(await batch, ["retry"]);
         await refuseWritesIn(db, "node_counters", "INSERT", false);
         // It comes again and is kept, held back for the minute the flush started; then that minute ends.
-        assert.equal(await own.handle(outcome(3, "failed")), "done");
+        assert.equal(await own.handle(outcomeOf("flux-1", 3, "failed")), "done");
         clock = new Date(clock.getTime() + 70_000);
         await own.flush();
         await own.flush();
         assert.deepEqual(
-          await told(),
+          await toldOf("flux-1"),
           [
             ["declaration.failed", null],
             ["declaration.refused", 1],
@@ -742,17 +753,11 @@ for (const backend of storeBackends) {
       clock = new Date(clock.getTime() + 70_000);
       await ingest.flush();
       await ingest.flush();
-      assert.deepEqual(
-        (await store.events.list({ limit: 100, node: "solo-1" })).map((event) => [
-          event.kind,
-          event.detail.changes ?? null,
-        ]),
-        [
-          ["declaration.failed", null],
-          ["declaration.refused", 1],
-          ["declaration.failed", null],
-        ],
-      );
+      assert.deepEqual(await toldOf("solo-1"), [
+        ["declaration.failed", null],
+        ["declaration.refused", 1],
+        ["declaration.failed", null],
+      ]);
     });
 
     test("ingest — a flush whose events are not kept leaves what it would have told to the change a batch kept meanwhile", async () => {
@@ -760,21 +765,15 @@ for (const backend of storeBackends) {
       const db = rawStoreDb(location.url);
       const gated = gatedStore();
       const own = ingestOn(receiptOnlyBus, { store: gated.store });
-      const outcome = (sequence: number, outcome: "failed" | "refused") => {
-        const body = { ...report("fold-1", sequence), outcome, reason: `${outcome} ${sequence}` };
-        return delivery("report", "fold-1", body);
-      };
       try {
-        assert.equal(await own.handle(outcome(1, "failed")), "done");
-        clock = new Date(clock.getTime() + 10_000);
-        assert.equal(await own.handle(outcome(2, "refused")), "done");
+        await failedThenHeld(own, "fold-1");
         // The minute over, a flush tells the change held back; while it writes, the next change comes and is kept;
         // then the store refuses the flush's events.
         clock = new Date(clock.getTime() + 60_000);
         const flushReachedWrite = gated.flush.hold();
         const flushing = own.flush();
         await flushReachedWrite;
-        assert.equal(await own.handle(outcome(3, "failed")), "done");
+        assert.equal(await own.handle(outcomeOf("fold-1", 3, "failed")), "done");
         await refuseWritesIn(db, "events", "INSERT", true);
         gated.flush.open();
         await assert.rejects(flushing, /the disk is full/);
@@ -783,37 +782,15 @@ for (const backend of storeBackends) {
         clock = new Date(clock.getTime() + 70_000);
         await own.flush();
         await own.flush();
-        assert.deepEqual(
-          (await store.events.list({ limit: 100, node: "fold-1" })).map((event) => [
-            event.kind,
-            event.detail.changes ?? null,
-          ]),
-          [
-            ["declaration.failed", null],
-            ["declaration.failed", 2],
-          ],
-        );
+        assert.deepEqual(await toldOf("fold-1"), [
+          ["declaration.failed", null],
+          ["declaration.failed", 2],
+        ]);
       } finally {
         await dropRefusal(db, "events");
         await db.destroy();
       }
     });
-
-    /** A report of `node` about what it was sent first (nothing, or with `declared` its first declaration). */
-    const outcomeOf = (node: string, sequence: number, outcome: "failed" | "refused", declared = false) => {
-      const body = {
-        ...report(node, sequence),
-        ...(declared ? { epoch: 1, sequence: 1 } : {}),
-        outcome,
-        reason: `${outcome} ${sequence}`,
-      };
-      return delivery("report", node, body);
-    };
-    const toldOf = async (node: string) =>
-      (await store.events.list({ limit: 100, node })).map((event) => [
-        event.kind,
-        event.detail.changes ?? null,
-      ]);
 
     test("ingest — a flush not kept, a batch that replaced its entry meanwhile and is handed back after another flush told it: told once", async () => {
       await enrol("twin-1", clock);
@@ -821,9 +798,7 @@ for (const backend of storeBackends) {
       const gated = gatedStore();
       const own = ingestOn(receiptOnlyBus, { store: gated.store });
       try {
-        assert.equal(await own.handle(outcomeOf("twin-1", 1, "failed")), "done");
-        clock = new Date(clock.getTime() + 10_000);
-        assert.equal(await own.handle(outcomeOf("twin-1", 2, "refused")), "done");
+        await failedThenHeld(own, "twin-1");
         await firstDeclared("twin-1");
         clock = new Date(clock.getTime() + 60_000);
         // A flush tells the change held back; while it writes, the first account of the next declaration comes, in
@@ -866,9 +841,7 @@ for (const backend of storeBackends) {
       const gated = gatedStore();
       const own = ingestOn(receiptOnlyBus, { store: gated.store });
       try {
-        assert.equal(await own.handle(outcomeOf("trio-1", 1, "failed")), "done");
-        clock = new Date(clock.getTime() + 10_000);
-        assert.equal(await own.handle(outcomeOf("trio-1", 2, "refused")), "done");
+        await failedThenHeld(own, "trio-1");
         clock = new Date(clock.getTime() + 60_000);
         const flushReachedWrite = gated.flush.hold();
         const flushing = own.flush();
@@ -905,9 +878,7 @@ for (const backend of storeBackends) {
     test("ingest — a batch under way past its minute, its entry forgotten as quiet meanwhile, handed back: what it told is told again", async () => {
       await enrol("slow-1", clock);
       await handedBackAfterFlush(async ({ own, heldAndRefused }) => {
-        assert.equal(await own.handle(outcomeOf("slow-1", 1, "failed")), "done");
-        clock = new Date(clock.getTime() + 10_000);
-        assert.equal(await own.handle(outcomeOf("slow-1", 2, "refused")), "done");
+        await failedThenHeld(own, "slow-1");
         await firstDeclared("slow-1");
         clock = new Date(clock.getTime() + 5_000);
         // The next declaration's first account tells the change held back; its batch waits a minute (a flush
