@@ -25,7 +25,7 @@ import type { AccountRecord, LatestOrder, MeshEvent, NodeStanding, Store } from 
 import { digestKey, sequenceKey } from "../store/index.js";
 import { resendLatest } from "./declarations.js";
 import type { OnceKept, TakeBack } from "./refusals.js";
-import { RefusalLedger, refusalWindowMs, settleKept, takeBack } from "./refusals.js";
+import { addToCount, RefusalLedger, refusalWindowMs, settleKept, takeBack } from "./refusals.js";
 
 /**
  * The most bytes an alive may hold: it names a node, a time and what the node holds, a few hundred bytes. A larger
@@ -579,13 +579,9 @@ export class Ingest {
 
   /** Notes that `batch`, still under way, changed the outcome held back for `node`, until it is kept or handed back. */
   private holdUnderWay(node: string, batch: Batch): void {
-    this.outcomesUnderWay.set(node, (this.outcomesUnderWay.get(node) ?? 0) + 1);
-    batch.holding.set(node, (batch.holding.get(node) ?? 0) + 1);
-    const settled = () => {
-      const left = (this.outcomesUnderWay.get(node) ?? 1) - 1;
-      if (left > 0) this.outcomesUnderWay.set(node, left);
-      else this.outcomesUnderWay.delete(node);
-    };
+    addToCount(this.outcomesUnderWay, node, 1);
+    addToCount(batch.holding, node, 1);
+    const settled = () => addToCount(this.outcomesUnderWay, node, -1);
     batch.undo.push(settled);
     batch.kept.push(settled);
   }

@@ -56,6 +56,13 @@ export function takeBack(steps: TakeBack): void {
   for (const step of steps.splice(0).reverse()) step();
 }
 
+/** Adds `by` to the count kept for `key`; a count back at zero is forgotten. */
+export function addToCount<K>(counts: Map<K, number>, key: K, by: number): void {
+  const count = (counts.get(key) ?? 0) + by;
+  if (count > 0) counts.set(key, count);
+  else counts.delete(key);
+}
+
 /** What a caller noted that counts only once its transaction is kept: each step run then, in the order noted. */
 export type OnceKept = Array<() => void>;
 
@@ -91,12 +98,8 @@ export class RefusalLedger {
     const window = this.windows.get(key);
     if (window !== undefined && now - window.toldAt < this.windowMs) {
       if (kept !== undefined) {
-        this.pending.set(key, (this.pending.get(key) ?? 0) + 1);
-        const settle = () => {
-          const left = (this.pending.get(key) ?? 1) - 1;
-          if (left > 0) this.pending.set(key, left);
-          else this.pending.delete(key);
-        };
+        addToCount(this.pending, key, 1);
+        const settle = () => addToCount(this.pending, key, -1);
         undo?.push(settle);
         kept.push(() => {
           settle();

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { sql } from "kysely";
-import type { ControlBus, ControlDelivery } from "../../src/bus/index.js";
+import type { ControlBus, ControlDelivery, DeliveryOutcome } from "../../src/bus/index.js";
 import type { IngestContext } from "../../src/control/ingest.js";
 import { Ingest } from "../../src/control/ingest.js";
 import { RefusalLedger } from "../../src/control/refusals.js";
@@ -689,33 +689,91 @@ for (const backend of storeBackends) {
       assert.equal(await own.handle(outcomeOf(node, 2, "refused")), "done");
     };
 
-    test("ingest — a change told by a flush while a batch that would tell it too is handed back is told once", async () => {
-      await enrol("flux-1", clock);
+    /**
+     * An ingest on the gated store whose node's outcome was told (failed), then changed within the minute (refused:
+     * held back); the minute over, a flush is under way, held at its events write. `check` goes on from there with
+     * the steps these tests take (`declared` records the node's first declaration before the flush); the store's
+     * refusing triggers are dropped whatever happens.
+     */
+    const whileFlushWrites = async (
+      node: string,
+      check: (steps: {
+        own: Ingest;
+        /** `deliveries` as a batch held at its transaction (its outcome, once let go, is `outcome`). */
+        heldBatch: (deliveries: ControlDelivery[]) => Promise<{ outcome: Promise<DeliveryOutcome[]> }>;
+        /** Lets the held batch go and has the store refuse it: handed back. */
+        batchRefused: (batch: { outcome: Promise<DeliveryOutcome[]> }) => Promise<void>;
+        /** Lets the flush write its events, and the store keep them. */
+        flushKept: () => Promise<void>;
+        /** Lets the flush write its events, and the store refuse them. */
+        flushNotKept: () => Promise<void>;
+        /** The minute the flush started over: two flushes. */
+        minuteOver: () => Promise<void>;
+      }) => Promise<void>,
+      declared = false,
+    ) => {
+      await enrol(node, clock);
       const db = rawStoreDb(location.url);
       const gated = gatedStore();
       const own = ingestOn(receiptOnlyBus, { store: gated.store });
+      /** Runs `during` while the store refuses every insert into `table`. */
+      const refusing = async (table: string, during: () => Promise<void>) => {
+        await refuseWritesIn(db, table, "INSERT", true);
+        await during();
+        await refuseWritesIn(db, table, "INSERT", false);
+      };
       try {
-        await failedThenHeld(own, "flux-1");
-        // The minute over, a flush tells the change held back; while it writes, the next change comes in a batch
-        // whose transaction begins once the flush's events are kept, and the store refuses it.
+        await failedThenHeld(own, node);
+        if (declared) await firstDeclared(node);
         clock = new Date(clock.getTime() + 60_000);
         const flushReachedWrite = gated.flush.hold();
         const flushing = own.flush();
         await flushReachedWrite;
-        const batchReachedTransaction = gated.batch.hold();
-        const batch = own.handleBatch([outcomeOf("flux-1", 3, "failed")]);
-        await batchReachedTransaction;
-        gated.flush.open();
-        await flushing;
-        await refuseWritesIn(db, "node_counters", "INSERT", true);
-        gated.batch.open();
-        assert.deepEqual(await batch, ["retry"]);
-        await refuseWritesIn(db, "node_counters", "INSERT", false);
+        await check({
+          own,
+          heldBatch: async (deliveries) => {
+            const reached = gated.batch.hold();
+            const outcome = own.handleBatch(deliveries);
+            await reached;
+            return { outcome };
+          },
+          batchRefused: (batch) =>
+            refusing("node_counters", async () => {
+              gated.batch.open();
+              assert.deepEqual(await batch.outcome, ["retry"]);
+            }),
+          flushKept: async () => {
+            gated.flush.open();
+            await flushing;
+          },
+          flushNotKept: () =>
+            refusing("events", async () => {
+              gated.flush.open();
+              await assert.rejects(flushing, /the disk is full/);
+            }),
+          minuteOver: async () => {
+            clock = new Date(clock.getTime() + 70_000);
+            await own.flush();
+            await own.flush();
+          },
+        });
+      } finally {
+        await dropRefusal(db, "events");
+        await dropRefusal(db, "node_counters");
+        await db.destroy();
+      }
+    };
+
+    test("ingest — a change told by a flush while a batch that would tell it too is handed back is told once", async () => {
+      await whileFlushWrites("flux-1", async ({ own, heldBatch, batchRefused, flushKept, minuteOver }) => {
+        // While the flush writes, the next change comes in a batch whose transaction begins once the flush's events
+        // are kept, and the store refuses it.
+        const batch = await heldBatch([outcomeOf("flux-1", 3, "failed")]);
+        await flushKept();
+        await batchRefused(batch);
         // It comes again and is kept, held back for the minute the flush started; then that minute ends.
         assert.equal(await own.handle(outcomeOf("flux-1", 3, "failed")), "done");
-        clock = new Date(clock.getTime() + 70_000);
-        await own.flush();
-        await own.flush();
+        await minuteOver();
         assert.deepEqual(
           await toldOf("flux-1"),
           [
@@ -725,10 +783,7 @@ for (const backend of storeBackends) {
           ],
           "each change told once",
         );
-      } finally {
-        await dropRefusal(db, "node_counters");
-        await db.destroy();
-      }
+      });
     });
 
     test("ingest — a change held back is told with the next declaration's first account in the same batch", async () => {
@@ -761,118 +816,56 @@ for (const backend of storeBackends) {
     });
 
     test("ingest — a flush whose events are not kept leaves what it would have told to the change a batch kept meanwhile", async () => {
-      await enrol("fold-1", clock);
-      const db = rawStoreDb(location.url);
-      const gated = gatedStore();
-      const own = ingestOn(receiptOnlyBus, { store: gated.store });
-      try {
-        await failedThenHeld(own, "fold-1");
-        // The minute over, a flush tells the change held back; while it writes, the next change comes and is kept;
-        // then the store refuses the flush's events.
-        clock = new Date(clock.getTime() + 60_000);
-        const flushReachedWrite = gated.flush.hold();
-        const flushing = own.flush();
-        await flushReachedWrite;
+      await whileFlushWrites("fold-1", async ({ own, flushNotKept, minuteOver }) => {
+        // While the flush writes, the next change comes and is kept; then the store refuses the flush's events.
         assert.equal(await own.handle(outcomeOf("fold-1", 3, "failed")), "done");
-        await refuseWritesIn(db, "events", "INSERT", true);
-        gated.flush.open();
-        await assert.rejects(flushing, /the disk is full/);
-        await refuseWritesIn(db, "events", "INSERT", false);
+        await flushNotKept();
         // The next flush after the minute tells both changes, as one: the latest, and how many came.
-        clock = new Date(clock.getTime() + 70_000);
-        await own.flush();
-        await own.flush();
+        await minuteOver();
         assert.deepEqual(await toldOf("fold-1"), [
           ["declaration.failed", null],
           ["declaration.failed", 2],
         ]);
-      } finally {
-        await dropRefusal(db, "events");
-        await db.destroy();
-      }
+      });
     });
 
     test("ingest — a flush not kept, a batch that replaced its entry meanwhile and is handed back after another flush told it: told once", async () => {
-      await enrol("twin-1", clock);
-      const db = rawStoreDb(location.url);
-      const gated = gatedStore();
-      const own = ingestOn(receiptOnlyBus, { store: gated.store });
-      try {
-        await failedThenHeld(own, "twin-1");
-        await firstDeclared("twin-1");
-        clock = new Date(clock.getTime() + 60_000);
-        // A flush tells the change held back; while it writes, the first account of the next declaration comes, in
-        // a batch held at its transaction. The flush's events are refused.
-        const flushReachedWrite = gated.flush.hold();
-        const flushing = own.flush();
-        await flushReachedWrite;
-        const batchReachedTransaction = gated.batch.hold();
-        const batch = own.handleBatch([outcomeOf("twin-1", 3, "failed", true)]);
-        await batchReachedTransaction;
-        await refuseWritesIn(db, "events", "INSERT", true);
-        gated.flush.open();
-        await assert.rejects(flushing, /the disk is full/);
-        await refuseWritesIn(db, "events", "INSERT", false);
-        // The next flush tells it; then the batch is refused, handed back, and comes again.
-        await own.flush();
-        await refuseWritesIn(db, "node_counters", "INSERT", true);
-        gated.batch.open();
-        assert.deepEqual(await batch, ["retry"]);
-        await refuseWritesIn(db, "node_counters", "INSERT", false);
-        assert.equal(await own.handle(outcomeOf("twin-1", 3, "failed", true)), "done");
-        clock = new Date(clock.getTime() + 70_000);
-        await own.flush();
-        await own.flush();
-        assert.deepEqual(await toldOf("twin-1"), [
-          ["declaration.failed", null],
-          ["declaration.refused", 1],
-          ["declaration.failed", null],
-        ]);
-      } finally {
-        await dropRefusal(db, "events");
-        await dropRefusal(db, "node_counters");
-        await db.destroy();
-      }
+      await whileFlushWrites(
+        "twin-1",
+        async ({ own, heldBatch, batchRefused, flushNotKept, minuteOver }) => {
+          // While the flush writes, the first account of the next declaration comes, in a batch held at its
+          // transaction. The flush's events are refused; the next flush tells them; then the batch is refused,
+          // handed back, and comes again.
+          const batch = await heldBatch([outcomeOf("twin-1", 3, "failed", true)]);
+          await flushNotKept();
+          await own.flush();
+          await batchRefused(batch);
+          assert.equal(await own.handle(outcomeOf("twin-1", 3, "failed", true)), "done");
+          await minuteOver();
+          assert.deepEqual(await toldOf("twin-1"), [
+            ["declaration.failed", null],
+            ["declaration.refused", 1],
+            ["declaration.failed", null],
+          ]);
+        },
+        true,
+      );
     });
 
     test("ingest — a flush not kept, two batches replacing its entry meanwhile, the second handed back: nothing passed over", async () => {
-      await enrol("trio-1", clock);
-      const db = rawStoreDb(location.url);
-      const gated = gatedStore();
-      const own = ingestOn(receiptOnlyBus, { store: gated.store });
-      try {
-        await failedThenHeld(own, "trio-1");
-        clock = new Date(clock.getTime() + 60_000);
-        const flushReachedWrite = gated.flush.hold();
-        const flushing = own.flush();
-        await flushReachedWrite;
+      await whileFlushWrites("trio-1", async ({ own, heldBatch, batchRefused, flushNotKept, minuteOver }) => {
         // While the flush writes: one change kept, the next in a batch held at its transaction.
         assert.equal(await own.handle(outcomeOf("trio-1", 3, "failed")), "done");
-        const batchReachedTransaction = gated.batch.hold();
-        const batch = own.handleBatch([outcomeOf("trio-1", 4, "refused")]);
-        await batchReachedTransaction;
-        await refuseWritesIn(db, "events", "INSERT", true);
-        gated.flush.open();
-        await assert.rejects(flushing, /the disk is full/);
-        await refuseWritesIn(db, "events", "INSERT", false);
-        await refuseWritesIn(db, "node_counters", "INSERT", true);
-        gated.batch.open();
-        assert.deepEqual(await batch, ["retry"]);
-        await refuseWritesIn(db, "node_counters", "INSERT", false);
+        const batch = await heldBatch([outcomeOf("trio-1", 4, "refused")]);
+        await flushNotKept();
+        await batchRefused(batch);
         assert.equal(await own.handle(outcomeOf("trio-1", 4, "refused")), "done");
-        clock = new Date(clock.getTime() + 70_000);
-        await own.flush();
-        await own.flush();
-        const told = await toldOf("trio-1");
-        assert.deepEqual(told, [
+        await minuteOver();
+        assert.deepEqual(await toldOf("trio-1"), [
           ["declaration.failed", null],
           ["declaration.refused", 3],
         ]);
-      } finally {
-        await dropRefusal(db, "events");
-        await dropRefusal(db, "node_counters");
-        await db.destroy();
-      }
+      });
     });
 
     test("ingest — a batch under way past its minute, its entry forgotten as quiet meanwhile, handed back: what it told is told again", async () => {
