@@ -95,8 +95,9 @@ export class Ingest {
    */
   private readonly outcomes = new Map<string, OutcomeTold>();
   /**
-   * Per node: how many changes of outcome held back by batches still under way. A held change is told only once none
-   * is: a batch handed back after a flush told what it held would bring the same change again, told a second time.
+   * Per node: how many changes of outcome the batch under way held back. A held change is told by a flush only once
+   * that batch is kept or handed back: one handed back after a flush told what it held would bring the same change
+   * again, told a second time.
    */
   private readonly outcomesUnderWay = new Map<string, number>();
   /** Per node: changes of outcome a flush could not tell once a batch had replaced their entry, for the next flush. */
@@ -112,6 +113,8 @@ export class Ingest {
   /** The declaration each node's reports last named, as the store holds it: a sent declaration never changes. */
   private readonly named = new Map<string, { sequence: number; epoch: number; digest: string }>();
 
+  /** The batch holding reports under way, which the next such batch waits for (`handleBatch`). */
+  private reportsUnderWay: Promise<void> = Promise.resolve();
   /** The last receipts sent, until the broker has them. */
   private receiptsOnTheirWay: Promise<void> = Promise.resolve();
   /** Receipts of batches written, not sent yet (`receiptsEveryMs`). */
@@ -162,7 +165,21 @@ export class Ingest {
    * own before it is kept (the store is down) hands the whole batch back for redelivery, where a report already kept
    * is taken again quietly; once kept, it is done, whatever fails after.
    */
-  async handleBatch(deliveries: readonly ControlDelivery[]): Promise<DeliveryOutcome[]> {
+  handleBatch(deliveries: readonly ControlDelivery[]): Promise<DeliveryOutcome[]> {
+    // Batches holding reports one at a time, as each bus hands them over: a report is judged against the accounts
+    // the batches before it left (kept or handed back), and a change of outcome one holds back is never another's
+    // to tell. Alives go on beside them.
+    if (!deliveries.some((delivery) => delivery.kind === "report")) return this.handleNow(deliveries);
+    const turn = this.reportsUnderWay.then(() => this.handleNow(deliveries));
+    // Its failure is its caller's: the next batch's turn comes either way.
+    this.reportsUnderWay = turn.then(
+      () => undefined,
+      () => undefined,
+    );
+    return turn;
+  }
+
+  private async handleNow(deliveries: readonly ControlDelivery[]): Promise<DeliveryOutcome[]> {
     const batch = new Batch(this.context.now());
     try {
       await this.judge(deliveries, batch);
@@ -569,18 +586,9 @@ export class Ingest {
     this.outcomesRetold.set(node, { event: held.event, changes: held.changes + (waiting?.changes ?? 0) });
   }
 
-  /**
-   * Whether batches other than `batch` still under way changed the outcome held back for `node`: what they hold may
-   * be handed back, so it is not told from here.
-   */
-  private heldByOthers(node: string, batch: Batch): boolean {
-    return (this.outcomesUnderWay.get(node) ?? 0) > (batch.holding.get(node) ?? 0);
-  }
-
   /** Notes that `batch`, still under way, changed the outcome held back for `node`, until it is kept or handed back. */
   private holdUnderWay(node: string, batch: Batch): void {
     addToCount(this.outcomesUnderWay, node, 1);
-    addToCount(batch.holding, node, 1);
     const settled = () => addToCount(this.outcomesUnderWay, node, -1);
     batch.undo.push(settled);
     batch.kept.push(settled);
@@ -720,21 +728,14 @@ export class Ingest {
       } else {
         batch.counters.push({ node, name: `declarations_${report.outcome}`, by: 1 });
         const event = outcomeEvent(node, report, now);
-        const heldElsewhere = told?.held !== undefined && this.heldByOthers(node, batch);
         if (before === undefined || !sameDeclaration(before, account)) {
-          // A change held back about the declaration before is told first, so it is not passed over; one another
-          // batch under way holds stays held, for a flush to tell once that batch is done.
-          if (told?.held !== undefined && !heldElsewhere)
+          // A change held back about the declaration before is told first, so it is not passed over.
+          if (told?.held !== undefined)
             batch.events.push(this.tellOutcome(told.held.event, told.held.changes));
-          setUndoably(
-            this.outcomes,
-            node,
-            heldElsewhere ? { toldAt: nowMs, held: told?.held } : { toldAt: nowMs },
-            batch.undo,
-          );
+          setUndoably(this.outcomes, node, { toldAt: nowMs }, batch.undo);
           batch.events.push(this.tellOutcome(event));
         } else if (before.outcome !== account.outcome) {
-          if (told?.held !== undefined && nowMs - told.toldAt >= refusalWindowMs && !heldElsewhere) {
+          if (told?.held !== undefined && nowMs - told.toldAt >= refusalWindowMs) {
             // The change held back, its minute over before a flush told it: told now, as the minute's end would have
             // told it, and this change held back for the minute that starts.
             batch.events.push(this.tellOutcome(told.held.event, told.held.changes));
@@ -963,8 +964,6 @@ class Batch {
   readonly undo: TakeBack = [];
   /** Counts the refusals the batch only counted for telling, and lets what it held back be told, once it is kept. */
   readonly kept: OnceKept = [];
-  /** How many changes of outcome the batch held back, by node (its part of `outcomesUnderWay`). */
-  readonly holding = new Map<string, number>();
 
   constructor(readonly at: Date) {}
 

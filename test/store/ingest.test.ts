@@ -888,6 +888,24 @@ for (const backend of storeBackends) {
       });
     });
 
+    test("ingest — report batches handed over side by side are judged one after the other: the same report in both counts once", async () => {
+      await enrol("pair-1", clock);
+      const gated = gatedStore();
+      const own = ingestOn(receiptOnlyBus, { store: gated.store });
+      const failed = outcomeOf("pair-1", 1, "failed");
+      const reached = gated.batch.hold();
+      const first = own.handleBatch([failed]);
+      await reached;
+      // The same report again (as a consumer taken over redelivers it), handed over while the first batch waits at
+      // its transaction: judged once the first is kept, it is the very report already kept, taken quietly.
+      const second = own.handleBatch([failed]);
+      gated.batch.open();
+      assert.deepEqual(await Promise.all([first, second]), [["done"], ["done"]]);
+      assert.deepEqual(await store.counters.of("pair-1"), { declarations_failed: 1 });
+      assert.deepEqual(await toldOf("pair-1"), [["declaration.failed", null]]);
+      assert.equal((await store.accounts.history("pair-1")).length, 1);
+    });
+
     test("ingest — flushes asked for side by side tell a change held back once", async () => {
       await enrol("side-1", clock);
       const failed = { ...report("side-1", 1), outcome: "failed", reason: "first" };
