@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { execFile, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { freePort, startNatsServer } from "../../src/bus/index.js";
@@ -15,7 +15,7 @@ import type { RunningNatsServer } from "../../src/bus/index.js";
 import { writeNatsServerConfig } from "../../src/bus/nats/server.js";
 import { mesh } from "../support/cli.js";
 import type { Running } from "../support/processes.js";
-import { eventually, startBin, startCommand } from "../support/processes.js";
+import { eventually, startBin, startCommand, wireguardGoPids } from "../support/processes.js";
 import { tempDir } from "../support/tmp.js";
 
 const root = new URL("../../", import.meta.url).pathname;
@@ -53,18 +53,6 @@ function pings(from: string, to: string): Promise<boolean> {
       resolve(error === null),
     ),
   );
-}
-
-/** The wireguard-go processes serving the test's interface, by /proc. */
-function wireguardGoPids(): number[] {
-  return readdirSync("/proc")
-    .filter((entry) => /^\d+$/.test(entry))
-    .flatMap((entry) => {
-      const cmdline = readFileSync(`/proc/${entry}/cmdline`, { encoding: "utf8", flag: "r" }).split("\0");
-      return cmdline[0]?.endsWith("wireguard-go") === true && cmdline.includes(overlayIface)
-        ? [Number(entry)]
-        : [];
-    });
 }
 
 describe("overlay (nats, network namespaces)", { skip }, () => {
@@ -117,7 +105,14 @@ describe("overlay (nats, network namespaces)", { skip }, () => {
       await run("ip", ["netns", "del", node.ns]).catch((error: unknown) => console.error(String(error)));
     }
     await run("ip", ["link", "del", bridge]).catch((error: unknown) => console.error(String(error)));
-    for (const pid of wireguardGoPids()) process.kill(pid, "SIGKILL");
+    for (const pid of wireguardGoPids(overlayIface)) {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch (error) {
+        // Ended by itself since it was found.
+        if ((error as NodeJS.ErrnoException).code !== "ESRCH") throw error;
+      }
+    }
     const socket = `/var/run/wireguard/${overlayIface}.sock`;
     if (existsSync(socket)) rmSync(socket, { force: true });
     dir.remove();

@@ -6,14 +6,14 @@
 import assert from "node:assert/strict";
 import { execFile, spawn, spawnSync } from "node:child_process";
 import { randomBytes, randomInt } from "node:crypto";
-import { existsSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
+import { existsSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { z } from "zod";
 import type { Drift, ItemResult } from "../../src/host/appliers.js";
 import { HostState } from "../../src/host/state.js";
 import type { DeclaredItem } from "../../src/link/index.js";
-import { eventually } from "../support/processes.js";
+import { eventually, wireguardGoPids } from "../support/processes.js";
 import { tempDir } from "../support/tmp.js";
 
 type OverlayItem = Extract<DeclaredItem, { type: "overlay" }>;
@@ -159,33 +159,6 @@ function assertApplied(results: readonly ItemResult[], node: Node): void {
     results.map((result) => [result.id, result.state, result.reason]),
     [[`overlay:${node.iface}`, "applied", undefined]],
   );
-}
-
-const ended = Symbol("the process ended");
-
-/** The wireguard-go processes serving `iface` (zombies left to an init that does not reap are not counted). */
-function wireguardGoPids(iface: string): number[] {
-  return readdirSync("/proc")
-    .filter((entry) => /^\d+$/.test(entry))
-    .flatMap((entry) => {
-      // A process can end between the listing and the read: that is an answer ("ended"), any other error is not.
-      const read = (file: string): string | typeof ended => {
-        try {
-          return readFileSync(`/proc/${entry}/${file}`, "utf8");
-        } catch (error) {
-          const code = (error as NodeJS.ErrnoException).code;
-          if (code === "ENOENT" || code === "ESRCH") return ended;
-          throw error;
-        }
-      };
-      const cmdline = read("cmdline");
-      const stat = read("stat");
-      if (cmdline === ended || stat === ended) return [];
-      const argv = cmdline.split("\0");
-      const state = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0];
-      const served = argv[0]?.endsWith("wireguard-go") === true && argv.includes(iface);
-      return served && state !== "Z" && state !== "X" ? [Number(entry)] : [];
-    });
 }
 
 async function namespaces(): Promise<Set<string>> {

@@ -15,6 +15,7 @@ import { ServiceApplier } from "../../src/host/service-applier.js";
 import type { ServiceApplierOptions } from "../../src/host/service-applier.js";
 import type { DeclaredItem } from "../../src/link/index.js";
 import { createLogger } from "../../src/log.js";
+import { procFile, zombieStat } from "../support/processes.js";
 import { tempDir } from "../support/tmp.js";
 
 type ServiceItem = Extract<DeclaredItem, { type: "service" }>;
@@ -117,11 +118,8 @@ function pidOf(result: ItemResult | undefined): number {
 
 /** True while the process exists and is not a zombie. */
 function isRunning(pid: number): boolean {
-  const path = `/proc/${pid}/stat`;
-  if (!existsSync(path)) return false;
-  const text = readFileSync(path, "utf8");
-  const state = text.slice(text.lastIndexOf(")") + 2).split(" ")[0];
-  return state !== "Z" && state !== "X";
+  const stat = procFile(pid, "stat");
+  return stat !== undefined && !zombieStat(stat);
 }
 
 /** The pids in process group `group`, from /proc. */
@@ -129,10 +127,9 @@ function groupMembers(group: number): number[] {
   return readdirSync("/proc")
     .filter((entry) => /^\d+$/.test(entry))
     .flatMap((entry) => {
-      const path = `/proc/${entry}/stat`;
-      if (!existsSync(path)) return [];
-      const fields = readFileSync(path, "utf8");
-      const rest = fields.slice(fields.lastIndexOf(")") + 2).split(" ");
+      const stat = procFile(entry, "stat");
+      if (stat === undefined) return [];
+      const rest = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
       return Number(rest[2]) === group && rest[0] !== "Z" ? [Number(entry)] : [];
     });
 }

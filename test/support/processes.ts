@@ -1,6 +1,7 @@
 /** Long-running mesh processes for end-to-end tests: `mesh up` and `mesh-host run`, stopped as a person would. */
 import { spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
+import { readdirSync, readFileSync } from "node:fs";
 
 const root = new URL("../../", import.meta.url).pathname;
 
@@ -90,4 +91,38 @@ export function logLines<Line extends { level: string; event: string }>(text: st
     .split("\n")
     .filter((line) => line !== "")
     .map((line) => JSON.parse(line) as Line);
+}
+
+/**
+ * A file of `/proc/<pid>/`, or undefined when the process has ended: any process of the machine may end between a
+ * listing of /proc and the read, and that is an answer; any other error is not.
+ */
+export function procFile(pid: number | string, file: string): string | undefined {
+  try {
+    return readFileSync(`/proc/${pid}/${file}`, "utf8");
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === "ENOENT" || code === "ESRCH") return undefined;
+    throw error;
+  }
+}
+
+/** Whether the process's state, from its `stat`, is a zombie's (or a dead one's, on its way out). */
+export function zombieStat(stat: string): boolean {
+  const state = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0];
+  return state === "Z" || state === "X";
+}
+
+/** The wireguard-go processes serving `iface`, by /proc (zombies left to an init that does not reap are not counted). */
+export function wireguardGoPids(iface: string): number[] {
+  return readdirSync("/proc")
+    .filter((entry) => /^\d+$/.test(entry))
+    .flatMap((entry) => {
+      const cmdline = procFile(entry, "cmdline");
+      const stat = procFile(entry, "stat");
+      if (cmdline === undefined || stat === undefined) return [];
+      const argv = cmdline.split("\0");
+      const served = argv[0]?.endsWith("wireguard-go") === true && argv.includes(iface);
+      return served && !zombieStat(stat) ? [Number(entry)] : [];
+    });
 }

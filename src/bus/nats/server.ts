@@ -259,7 +259,14 @@ export function whoListens(port: number): string | undefined {
         throw error;
       }
       if (inodes.has(target)) {
-        const command = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").filter(Boolean).join(" ");
+        let command: string;
+        try {
+          command = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").filter(Boolean).join(" ");
+        } catch (error) {
+          // Ended since its descriptor was read: it listens no more.
+          if ((error as NodeJS.ErrnoException).code === "ENOENT") break;
+          throw error;
+        }
         return `${pid} ${command}`.slice(0, 200);
       }
     }
