@@ -264,7 +264,7 @@ export function whoListens(port: number): string | undefined {
           command = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").filter(Boolean).join(" ");
         } catch (error) {
           // Ended since its descriptor was read: it listens no more.
-          if ((error as NodeJS.ErrnoException).code === "ENOENT") break;
+          if (["ENOENT", "ESRCH"].includes((error as NodeJS.ErrnoException).code ?? "")) break;
           throw error;
         }
         return `${pid} ${command}`.slice(0, 200);
