@@ -40,6 +40,7 @@ import {
   root,
   roundCpu,
   roundCpuTotal,
+  roundFloorMs,
   rssMiB,
   runMesh,
   runMeshTimed,
@@ -684,6 +685,19 @@ async function benchMesh(): Promise<void> {
         }
         if (has("convergence")) {
           const c = median.converged;
+          // The round's floor: the simulated fleet and the broker share these cores with the mesh, and what they use
+          // of them is time no control plane could give back.
+          const floorOf = (cpu: RoundCpu) => {
+            const floorMs = roundFloorMs(cpu, cpus().length);
+            return floorMs === undefined
+              ? {}
+              : {
+                  limit: {
+                    value: floorMs,
+                    what: `the simulated fleet's and the broker's CPU in the round over the ${cpus().length} cores`,
+                  },
+                };
+          };
           const note = `${c.count}/${running} nodes; the median of ${rounds.length} round(s)`;
           figures.push(
             {
@@ -707,6 +721,7 @@ async function benchMesh(): Promise<void> {
               value: c.max,
               unit: "ms",
               baseline: { value: fanoutMs, what: "`mesh declare --all` exits" },
+              ...floorOf(median.cpu),
               target: N >= 10_000 ? "≤ 1.5 s" : "",
             },
             {
@@ -715,6 +730,7 @@ async function benchMesh(): Promise<void> {
               value: worst.converged.max,
               unit: "ms",
               baseline: { value: worst.fanoutMs, what: "`mesh declare --all` exits" },
+              ...floorOf(worst.cpu),
               target: N >= 10_000 ? "≤ 5 s" : "",
             },
             {

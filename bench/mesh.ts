@@ -219,6 +219,15 @@ export function roundCpuTotal(cpu: RoundCpu): number {
   return cpu.declare + cpu.serve + cpu.fleet + (cpu.broker ?? 0);
 }
 
+/**
+ * The least a round could take were the control plane to use no CPU at all: what the simulated fleet (with the
+ * bench's own counting) and the broker used in it, spread over every core. The mesh's own share of the round is what
+ * its time adds to this; undefined when the broker's CPU was not measured.
+ */
+export function roundFloorMs(cpu: RoundCpu, cores: number): number | undefined {
+  return cpu.broker === null ? undefined : ((cpu.fleet + cpu.broker) / cores) * 1000;
+}
+
 export function cpuText(cpu: RoundCpu): string {
   const total = roundCpuTotal(cpu);
   const broker = cpu.broker === null ? "broker not measured" : `broker ${cpu.broker.toFixed(1)} s`;

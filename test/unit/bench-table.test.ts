@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { BenchUsageError, parseBenchArgs } from "../../bench/args.js";
+import { roundFloorMs } from "../../bench/mesh.js";
 import { formatFigureTable, formatNumber, ratioOf } from "../../bench/table.js";
 
 describe("bench arguments and table", () => {
@@ -99,5 +100,14 @@ describe("bench arguments and table", () => {
       /fanout\s+roll-out\s+13,000 \/s\s+26,000 \/s \(signing, one core\)\s+0\.50×\s+≥ 0\.5×$/,
     );
     assert.match(lines[3] ?? "", /steady\s+RSS\s+80 MiB$/);
+  });
+
+  test("bench convergence — a round's floor is the fleet's and the broker's CPU over the cores, none without the broker's", () => {
+    // 2.44 s of the fleet and 0.57 s of the broker on 2 cores: no round could end before 1.505 s.
+    assert.equal(roundFloorMs({ declare: 0.45, serve: 1.69, fleet: 2.44, broker: 0.57 }, 2), 1505);
+    assert.equal(roundFloorMs({ declare: 0.45, serve: 1.69, fleet: 2.44, broker: 0.57 }, 4), 752.5);
+    // The mesh's own CPU moves nothing of it.
+    assert.equal(roundFloorMs({ declare: 9, serve: 9, fleet: 1, broker: 1 }, 2), 1000);
+    assert.equal(roundFloorMs({ declare: 0.45, serve: 1.69, fleet: 2.44, broker: null }, 2), undefined);
   });
 });
