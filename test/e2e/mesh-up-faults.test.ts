@@ -199,6 +199,44 @@ describe("mesh up stopped from its terminal", () => {
   }
 });
 
+describe("mesh up killed outright", () => {
+  test("faults — mesh up killed with SIGKILL leaves its nats-server running: the next mesh up on the same data stops that one, starts its own on the same port and acts", async (t) => {
+    const dir = tempDir("mesh-up-left-");
+    const data = join(dir.path, "data");
+    const config = join(data, "nats", "server", "nats-server.conf");
+    t.after(() => {
+      for (const pid of pidsOf(data)) process.kill(pid, "SIGKILL");
+      dir.remove();
+    });
+    const urlOf = (text: string) => /broker\s+(nats:\/\/\S+)/.exec(text)?.[1];
+    const first = startBin("mesh", ["--data", data, "up", "--nats-port", "0"]);
+    const url = await eventually("the first mesh up to serve", () =>
+      /"event":"control\.serving"/.test(first.stderr()) ? urlOf(first.stdout()) : undefined,
+    );
+    const [left] = pidsOf(config) as [number];
+    assert.equal(pidsOf(config).length, 1, "one nats-server for the data dir");
+    // No chance to stop anything: its broker, a process of its own, goes on serving the port.
+    process.kill(first.child.pid as number, "SIGKILL");
+    await first.exited;
+    assert.deepEqual(pidsOf(config), [left], "the nats-server outlived the mesh up that started it");
+
+    const second = startBin("mesh", ["--data", data, "up"]);
+    await eventually("the second mesh up to serve", () =>
+      /"event":"control\.serving"/.test(second.stderr()) ? true : undefined,
+    );
+    assert.match(
+      second.stderr(),
+      new RegExp(`this mesh's nats-server was left running \\(pid ${left}\\); it is started again here`),
+    );
+    const now = pidsOf(config);
+    assert.equal(now.length, 1, `one nats-server for the data dir: ${now.join(", ")}`);
+    assert.notEqual(now[0], left, "the one left behind was stopped");
+    assert.equal(urlOf(second.stdout()), url, "on the same port");
+    assert.equal(await second.stop("SIGTERM"), 0, second.stderr());
+    assert.deepEqual(pidsOf(data), [], "nothing left running");
+  });
+});
+
 describe("mesh up keeps its broker's address", () => {
   test("cli — another --nats-port is refused without --move-broker; with it the broker moves and the operator is told how", async (t) => {
     const dir = tempDir("mesh-up-move-");

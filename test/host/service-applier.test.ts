@@ -130,7 +130,7 @@ function groupMembers(group: number): number[] {
       const stat = procFile(entry, "stat");
       if (stat === undefined) return [];
       const rest = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-      return Number(rest[2]) === group && rest[0] !== "Z" ? [Number(entry)] : [];
+      return Number(rest[2]) === group && !zombieStat(stat) ? [Number(entry)] : [];
     });
 }
 
