@@ -81,6 +81,8 @@ const warmStopAtMostMs = { nats: 20_000, amqp: 12_000 } as const;
 
 /** How long the broker may be waited for to come to rest before a drain. */
 const restAtMostMs = 5_000;
+/** How long a held round waits at most for the round before it to settle (`machineAtRest`). */
+const heldRestAtMostMs = 15_000;
 
 /** What the fleet is declared in the fan-out rounds, as the control plane composes it. */
 const benchItems: DeclaredItem[] = [
@@ -538,6 +540,8 @@ async function benchMesh(): Promise<void> {
       // not timed in these rounds; each ends with the whole fleet holding what it was sent.
       const heldRollouts: Rollout[] = [];
       const heldSigning: number[] = [];
+      /** How long each held round waited for the machine to come to rest (`machineAtRest`). */
+      const heldRested: number[] = [];
       /** Each party's CPU from the command's start to serve's log of the roll-out, the fleet held throughout. */
       const heldCpu: RoundCpu[] = [];
       if (has("fanout")) {
@@ -550,6 +554,7 @@ async function benchMesh(): Promise<void> {
           );
           converged.clear();
           appliedNodes.clear();
+          heldRested.push(await machineAtRest(serve.pid, broker.pid));
           // The signing limit again, just before: this machine's speed drifts over a run (other guests share it).
           heldSigning.push(signingRate(signedBytes, signing.privateKey, 500));
           const cpuBefore = roundCpu(serve.pid, broker.pid);
@@ -570,7 +575,8 @@ async function benchMesh(): Promise<void> {
           say(
             `held round ${round}: serve's roll-out ${rollout.ms} ms (compose ${rollout.composeMs}, send ` +
               `${rollout.sendMs}), ${rollout.cpuMs} ms of CPU; signing just before ` +
-              `${(heldSigning.at(-1) ?? 0).toFixed(0)}/s on one core; CPU while held ${cpuText(cpu)}`,
+              `${(heldSigning.at(-1) ?? 0).toFixed(0)}/s on one core; CPU while held ${cpuText(cpu)}; the machine ` +
+              `came to rest before it in ${(heldRested.at(-1) ?? 0).toFixed(0)} ms`,
           );
           heldRollouts.push(rollout);
           heldCpu.push(cpu);
@@ -589,6 +595,7 @@ async function benchMesh(): Promise<void> {
       }));
       if (heldRollouts.length > 0) {
         extra.held_rollouts = heldRollouts;
+        extra.held_rested_ms = heldRested;
         extra.signing_rate_beside_held_rounds = heldSigning;
         extra.cpu_s_while_held = heldCpu;
       }
@@ -798,6 +805,7 @@ async function benchMesh(): Promise<void> {
             planHeldCpu.push(cpu);
             say(`plan: CPU while the fleet was held ${cpuText(cpu)}`);
           },
+          atRest: () => machineAtRest(serve.pid, broker.pid),
           signingRate: () => signingRate(planBytes, signing.privateKey, 500),
           signedBytes: planBytes.byteLength,
         },
@@ -1022,14 +1030,37 @@ async function benchMesh(): Promise<void> {
  * then not charged to whichever drain follows. Every drain, raw or serve's, starts so.
  */
 async function brokerAtRest(pid: number | undefined, atMostMs = restAtMostMs): Promise<number> {
-  const startedAt = performance.now();
   if (pid === undefined) return 0;
+  return cpuAtRest(() => brokerCpu(pid), 25, atMostMs);
+}
+
+/**
+ * Waits until serve, the broker and this process (the simulated fleet) together use under a quarter of a core over a
+ * quarter of a second, at most `atMostMs`, and returns how long it waited. A held roll-out starts so: the round
+ * before it ends when every node holds what it was sent, and the reports that follow (serve storing them, the fleet
+ * taking their receipts) would otherwise share the cores with the roll-out timed as the control plane's alone.
+ */
+async function machineAtRest(servePid: number, brokerPid: number | undefined, atMostMs = heldRestAtMostMs) {
+  const busy = () => {
+    const { serve, fleet, broker } = roundCpu(servePid, brokerPid);
+    return serve + fleet + (broker ?? 0);
+  };
+  return cpuAtRest(busy, 62.5, atMostMs);
+}
+
+/** Waits until `cpuSeconds` grows by less than `underMs` over a quarter of a second, at most `atMostMs`. */
+async function cpuAtRest(
+  cpuSeconds: () => number | null,
+  underMs: number,
+  atMostMs: number,
+): Promise<number> {
+  const startedAt = performance.now();
   for (;;) {
-    const before = brokerCpu(pid);
+    const before = cpuSeconds();
     await sleep(250);
-    const used = cpuMsSince(before, brokerCpu(pid));
+    const used = cpuMsSince(before, cpuSeconds());
     const waited = performance.now() - startedAt;
-    if (used === null || used < 25 || waited >= atMostMs) return waited;
+    if (used === null || used < underMs || waited >= atMostMs) return waited;
   }
 }
 

@@ -99,6 +99,7 @@ export function planMeshFigures(
       sent: round.sent,
       rollout: round.rollout ?? null,
       signing_rate_before: round.signingRate,
+      rested_ms: round.restedMs,
     })),
     change: {
       placed: change.placed,

@@ -39,9 +39,10 @@ export interface PlanOnMeshSettings {
   rounds: number;
   /**
    * When given, as many rounds again with the fleet held (`Lab.hold`) while the control plane rolls the change out,
-   * each after measuring one core's signing rate (the limit beside it).
+   * each once the machine has come to rest from the round before (`atRest`, which says how long that took) and
+   * after measuring one core's signing rate (the limit beside it).
    */
-  held?: Holding & { signingRate: () => number; signedBytes: number };
+  held?: Holding & { atRest: () => Promise<number>; signingRate: () => number; signedBytes: number };
   say: (line: string) => void;
 }
 
@@ -69,7 +70,7 @@ export interface PlanOnMesh {
   /** Each change to the unit every node holds: what apply sent, its roll-out as serve logged it, and convergence. */
   wholeFleet: WholeFleetRound[];
   /** The same change rolled out to the fleet held; each with one core's signing rate measured just before it. */
-  heldRounds: Array<{ sent: number; rollout: Rollout | undefined; signingRate: number }>;
+  heldRounds: Array<{ sent: number; rollout: Rollout | undefined; signingRate: number; restedMs: number }>;
   /** The length of the declaration the held rounds' signing rates were measured over. */
   signedBytes?: number;
   change: {
@@ -203,13 +204,15 @@ export async function benchPlanOnMesh(settings: PlanOnMeshSettings): Promise<Pla
   const heldRounds: PlanOnMesh["heldRounds"] = [];
   if (settings.held !== undefined) {
     for (let round = 1; round <= settings.rounds; round++) {
+      const restedMs = await settings.held.atRest();
       const signingRate = settings.held.signingRate();
       const { sent, rollout, told } = await changeCommon(`held round ${round}`, settings.held);
       say(
         `plan: the unit every node holds changed, the fleet held (round ${round}): sent to ${sent} nodes, ` +
-          `${told}; signing just before ${signingRate.toFixed(0)}/s on one core`,
+          `${told}; signing just before ${signingRate.toFixed(0)}/s on one core; the machine came to rest before ` +
+          `it in ${restedMs.toFixed(0)} ms`,
       );
-      heldRounds.push({ sent, rollout, signingRate });
+      heldRounds.push({ sent, rollout, signingRate, restedMs });
     }
   }
 

@@ -41,7 +41,12 @@ function measured(heldRounds: PlanOnMesh["heldRounds"]): PlanOnMesh {
   };
 }
 
-const held = (r: Rollout | undefined, signingRate: number) => ({ sent: 10_000, rollout: r, signingRate });
+const held = (r: Rollout | undefined, signingRate: number) => ({
+  sent: 10_000,
+  rollout: r,
+  signingRate,
+  restedMs: 250,
+});
 const heldRate = (figure: { part: string; what: string }) =>
   figure.part === "plan" && figure.what.startsWith("the same change rolled out to a held fleet");
 
