@@ -1,7 +1,8 @@
 /**
  * `npm run bench`: the control plane's figures, each beside a baseline measured in the same run, in one table,
  * and the same figures as JSON under bench/results/. It runs this process, the simulated fleet's, with a young
- * generation of 64 MiB (`--max-semi-space-size=64`): see the README's benchmarks.
+ * generation of 64 MiB (`--max-semi-space-size=64`) and `gc()` at hand (`--expose-gc`, before each held round): see
+ * the README's benchmarks.
  *
  *   npm run bench -- [--nodes 1000] [--broker nats|amqp]
  *                    [--only enrolment,steady,fanout,convergence,plan,ingest,failover]
@@ -14,6 +15,7 @@ import { execFileSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
+import { PerformanceObserver } from "node:perf_hooks";
 import { freePort, openIdentities } from "../src/bus/index.js";
 import { parseDuration } from "../src/config/duration.js";
 import { compileMeshOptions } from "../src/config/options.js";
@@ -83,6 +85,12 @@ const warmStopAtMostMs = { nats: 20_000, amqp: 12_000 } as const;
 const restAtMostMs = 5_000;
 /** How long a held round waits at most for the round before it to settle (`machineAtRest`). */
 const heldRestAtMostMs = 15_000;
+
+/** Milliseconds this process (the simulated fleet) has spent paused in garbage collection since it started. */
+let fleetGcMs = 0;
+new PerformanceObserver((list) => {
+  for (const entry of list.getEntries()) fleetGcMs += entry.duration;
+}).observe({ entryTypes: ["gc"] });
 
 /** What the fleet is declared in the fan-out rounds, as the control plane composes it. */
 const benchItems: DeclaredItem[] = [
@@ -558,6 +566,7 @@ async function benchMesh(): Promise<void> {
           // The signing limit again, just before: this machine's speed drifts over a run (other guests share it).
           heldSigning.push(signingRate(signedBytes, signing.privateKey, 500));
           const cpuBefore = roundCpu(serve.pid, broker.pid);
+          const gcBefore = fleetGcMs;
           lab.hold();
           let rollout: Rollout | undefined;
           let cpu: RoundCpu | undefined;
@@ -569,14 +578,16 @@ async function benchMesh(): Promise<void> {
           } finally {
             lab.release();
           }
+          const gcMs = fleetGcMs - gcBefore;
           await waitFor(() => converged.size >= running, 300_000);
           if (rollout === undefined || cpu === undefined)
             throw new Error(`held round ${round}: serve logged no roll-out`);
           say(
             `held round ${round}: serve's roll-out ${rollout.ms} ms (compose ${rollout.composeMs}, send ` +
               `${rollout.sendMs}), ${rollout.cpuMs} ms of CPU; signing just before ` +
-              `${(heldSigning.at(-1) ?? 0).toFixed(0)}/s on one core; CPU while held ${cpuText(cpu)}; the machine ` +
-              `came to rest before it in ${(heldRested.at(-1) ?? 0).toFixed(0)} ms`,
+              `${(heldSigning.at(-1) ?? 0).toFixed(0)}/s on one core; CPU while held ${cpuText(cpu)}, the fleet's ` +
+              `process paused ${gcMs.toFixed(0)} ms of it collecting; the machine came to rest before it in ` +
+              `${(heldRested.at(-1) ?? 0).toFixed(0)} ms`,
           );
           heldRollouts.push(rollout);
           heldCpu.push(cpu);
@@ -772,6 +783,7 @@ async function benchMesh(): Promise<void> {
       /** Each party's CPU while the fleet was held for a roll-out of the plan (its apply's whole run). */
       const planHeldCpu: RoundCpu[] = [];
       let heldSince: RoundCpu | undefined;
+      let heldGcSince = 0;
       const measured = await benchPlanOnMesh({
         data,
         dir,
@@ -787,6 +799,7 @@ async function benchMesh(): Promise<void> {
         held: {
           hold: () => {
             heldSince = roundCpu(serve.pid, broker.pid);
+            heldGcSince = fleetGcMs;
             lab.hold();
           },
           release: () => {
@@ -803,7 +816,10 @@ async function benchMesh(): Promise<void> {
               return;
             }
             planHeldCpu.push(cpu);
-            say(`plan: CPU while the fleet was held ${cpuText(cpu)}`);
+            say(
+              `plan: CPU while the fleet was held ${cpuText(cpu)}, the fleet's process paused ` +
+                `${(fleetGcMs - heldGcSince).toFixed(0)} ms of it collecting`,
+            );
           },
           atRest: () => machineAtRest(serve.pid, broker.pid),
           signingRate: () => signingRate(planBytes, signing.privateKey, 500),
@@ -1035,17 +1051,28 @@ async function brokerAtRest(pid: number | undefined, atMostMs = restAtMostMs): P
 }
 
 /**
- * Waits until serve, the broker and this process (the simulated fleet) together use under a quarter of a core over a
- * quarter of a second, at most `atMostMs`, and returns how long it waited. A held roll-out starts so: the round
- * before it ends when every node holds what it was sent, and the reports that follow (serve storing them, the fleet
- * taking their receipts) would otherwise share the cores with the roll-out timed as the control plane's alone.
+ * Collects the simulated fleet's garbage, then waits until serve, the broker and this process (the fleet) together use
+ * under a quarter of a core over a quarter of a second, at most `atMostMs`, and returns how long it waited. A held
+ * roll-out starts so: the round before it ends when every node holds what it was sent, and the reports that follow
+ * (serve storing them, the fleet taking their receipts) would otherwise share the cores with the roll-out timed as the
+ * control plane's alone.
  */
 async function machineAtRest(servePid: number, brokerPid: number | undefined, atMostMs = heldRestAtMostMs) {
+  collectFleet();
   const busy = () => {
     const { serve, fleet, broker } = roundCpu(servePid, brokerPid);
     return serve + fleet + (broker ?? 0);
   };
   return cpuAtRest(busy, 62.5, atMostMs);
+}
+
+/**
+ * Collects this process's garbage (the simulated fleet's) at once, when node was started with `--expose-gc` (`npm run
+ * bench` does so): a held round starts after it, so that a major collection of the fleet's heap, grown over the run,
+ * does not fall within the roll-out timed as the control plane's alone.
+ */
+function collectFleet(): void {
+  (globalThis as { gc?: () => void }).gc?.();
 }
 
 /** Waits until `cpuSeconds` grows by less than `underMs` over a quarter of a second, at most `atMostMs`. */
